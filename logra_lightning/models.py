@@ -1,0 +1,141 @@
+"""Tiny Qwen2-architecture policies built locally, and loading of real ones.
+
+Nothing here downloads: :func:`build_tiny_model` writes a normal Hugging Face
+directory (``config.json``, ``model.safetensors``, ``tokenizer.json``) that both
+``transformers`` and vLLM load, so every test and the demo run offline on a model
+the project makes itself. :func:`load_policy` is the same code path a user takes
+with ``Qwen/Qwen2.5-0.5B-Instruct`` or a local checkpoint.
+
+Example::
+
+    >>> import tempfile
+    >>> from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+    >>> path = build_tiny_model(tempfile.mkdtemp(), TinyModelConfig(num_layers=1))
+    >>> model, tok = load_policy(path)
+    >>> tok.decode(tok.encode("12+34="))
+    '12+34='
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+# Printable ASCII covers the arithmetic task and simple user JSONL data.
+CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+
+
+@dataclass
+class TinyModelConfig:
+    """Architecture of a tiny Qwen2 model. Head dim is 64 because vLLM rejects 16."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 2
+    num_kv_heads: int = 2
+    intermediate_size: int = 352
+    max_position_embeddings: int = 128
+    vocab_size: int = 128  # >= len(char vocab); rounded up for tidy shapes
+    tie_word_embeddings: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}")
+        if self.vocab_size < len(CHARS) + 3:
+            raise ValueError(f"vocab_size={self.vocab_size} must be >= {len(CHARS) + 3} (the character vocabulary)")
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer (``tokenizers`` WordLevel over single characters)."""
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for ch in CHARS:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")  # (?m): Oniguruma dot-all
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+def tiny_qwen2_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        rope_theta=10000.0,
+        torch_dtype="float32",
+    )
+
+
+def build_tiny_model(path: str | Path, cfg: TinyModelConfig | None = None) -> str:
+    """Create a randomly initialised tiny Qwen2 + char tokenizer at ``path``; return the path."""
+    cfg = cfg or TinyModelConfig()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(cfg, tokenizer), dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def tiny_config_dict(cfg: TinyModelConfig) -> dict:
+    return asdict(cfg)
+
+
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(name_or_path: str):
+    """Load a tokenizer, honouring a generic class declared by a local directory.
+
+    transformers 5 replaces a declared ``TokenizersBackend`` with the model type's
+    own class for some model types (qwen2 among them), which would swap our
+    character pre-tokenizer for Qwen2's byte-level one. A local directory that
+    declares a generic class is therefore loaded as exactly that.
+    """
+    cfg_file = Path(name_or_path).expanduser() / "tokenizer_config.json"
+    if cfg_file.exists() and json.loads(cfg_file.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def load_policy(name_or_path: str, dtype: torch.dtype = torch.float32):
+    """Load a causal LM and its tokenizer from a local directory or a hub name.
+
+    Hub names are resolved by ``transformers`` (and therefore need the hub or its
+    cache); local directories never touch the network.
+
+    Raises:
+        FileNotFoundError: ``name_or_path`` looks like a local path but does not exist.
+    """
+    p = Path(name_or_path)
+    looks_local = name_or_path.startswith((".", "/", "~")) or p.exists()
+    if looks_local and not (p.expanduser() / "config.json").exists():
+        raise FileNotFoundError(f"model directory {name_or_path!r} has no config.json")
+    tokenizer = load_tokenizer(name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+    return model, tokenizer

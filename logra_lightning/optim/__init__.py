@@ -1,0 +1,22 @@
+"""LoGRA optimizer: Adam on low-rank gradient sketches (DESIGN.md §2).
+
+Example::
+
+    >>> import torch
+    >>> from logra_lightning.optim import LoGRA, logra_param_groups
+    >>> model = torch.nn.Linear(16, 16)
+    >>> opt = LoGRA(logra_param_groups(model, rank=4), lr=1e-3)
+"""
+
+from logra_lightning.optim.groups import is_eligible, logra_param_groups, split_named_params
+from logra_lightning.optim.logra import LoGRA
+from logra_lightning.optim.reference import LoGRAReference
+
+__all__ = ["LoGRA", "LoGRAReference", "is_eligible", "logra_param_groups", "split_named_params"]
+
+try:  # written by another module owner; re-exported when present
+    from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes  # noqa: F401
+
+    __all__ += ["grad_bytes", "optimizer_state_bytes", "param_bytes"]
+except ImportError:  # pragma: no cover - only before accounting.py exists
+    pass

@@ -1,0 +1,163 @@
+"""Which parameters get low-rank sketches, and how param groups are built.
+
+Two entry points share one eligibility rule:
+
+* :func:`logra_param_groups` (module-aware): the weights of ``nn.Linear`` and
+  ``nn.Embedding`` modules, plus any param whose name matches ``include``,
+  minus names matching ``exclude``.
+* :func:`split_named_params` (names + shapes only, what ``LoGRA(named_params, rank=8)``
+  uses): every 2-D param, plus ``include``, minus ``exclude``.
+
+On an HF causal LM the two select the same set (all 2-D params there are
+Linear or Embedding weights).
+
+Embeddings and ``lm_head`` are low-rank by default. Measured on the ~100M
+Qwen2-shaped benchmark (``benchmarks/optimizer_memory.md``): the 24.6M-param
+tied embedding on dense AdamW costs ~295 MB (fp32 grad + two moments), while
+its rank-64 right sketch costs ~25 MB. Input embeddings are forced to a
+*right* sketch (``S = G @ Q``, ``Q`` is ``[hidden, r]``): rows of tokens absent
+from the batch have zero sketch rows, so, as with Adam, the step only moves
+rows with gradient or momentum; a left sketch would mix rows across the
+vocabulary. Pass ``exclude=("embed_tokens", "lm_head")`` for dense ones.
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    >>> groups = logra_param_groups(model, rank=4, update_proj_gap=10)
+    >>> [(g.get("rank"), g["param_names"]) for g in groups]
+    [(4, ['0.weight']), (None, ['0.bias', '1.weight', '1.bias'])]
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+
+#: Names treated as input embeddings (forced right sketch), matched with ``re.search``.
+EMBEDDING_PATTERNS: tuple[str, ...] = (r"embed_tokens\.", r"(^|\.)wte\.", r"word_embeddings\.", r"embed_in\.")
+
+
+def _matches(name: str, patterns: Sequence[str] | None) -> bool:
+    return bool(patterns) and any(re.search(p, name) for p in patterns)
+
+
+def is_embedding_name(name: str) -> bool:
+    """True if ``name`` looks like an input-embedding weight (see :data:`EMBEDDING_PATTERNS`)."""
+    return _matches(name, EMBEDDING_PATTERNS)
+
+
+def is_eligible(name: str, param: torch.Tensor, include=None, exclude=None) -> bool:
+    """The name+shape rule: 2-D, and (no ``include`` or matches it), and not matching ``exclude``."""
+    if param.ndim != 2 or _matches(name, exclude):
+        return False
+    return include is None or _matches(name, include)
+
+
+def _build_groups(lowrank, dense, rank, lowrank_kwargs, emb_ids=frozenset()) -> list[dict[str, Any]]:
+    groups = []
+    is_emb = [is_embedding_name(n) or id(p) in emb_ids for n, p in lowrank]
+    emb = [np for np, e in zip(lowrank, is_emb) if e]
+    rest = [np for np, e in zip(lowrank, is_emb) if not e]
+    for members, extra in ((rest, {}), (emb, {"side": "right"})):
+        if members:
+            groups.append(
+                {
+                    "params": [p for _, p in members],
+                    "param_names": [n for n, _ in members],
+                    "rank": rank,
+                    **lowrank_kwargs,
+                    **extra,
+                }
+            )
+    if dense:
+        groups.append({"params": [p for _, p in dense], "param_names": [n for n, _ in dense]})
+    return groups
+
+
+def split_named_params(
+    named: Iterable[tuple[str, torch.Tensor]], rank: int, *, include=None, exclude=None, **lowrank_kwargs
+) -> list[dict[str, Any]]:
+    """Split ``(name, param)`` pairs into low-rank group(s) and one dense group by name+shape."""
+    lowrank, dense = [], []
+    for name, p in named:
+        if not p.requires_grad:
+            continue
+        (lowrank if is_eligible(name, p, include, exclude) else dense).append((name, p))
+    return _build_groups(lowrank, dense, rank, lowrank_kwargs)
+
+
+def logra_param_groups(
+    model: nn.Module,
+    rank: int = 16,
+    update_proj_gap: int = 100,
+    *,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+    **lowrank_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Param groups for :class:`~logra_lightning.optim.LoGRA`.
+
+    Args:
+        model: any module; tied params are listed once (first name wins).
+        rank: sketch rank ``r`` of every low-rank matrix.
+        update_proj_gap: steps between basis refreshes.
+        include: extra regexes (``re.search`` on HF names) of 2-D params to make low-rank.
+        exclude: regexes of params to keep dense, applied last.
+        **lowrank_kwargs: other per-group keys (``scale``, ``side``, ``refresh``, ``oversample``).
+
+    Returns:
+        Up to three groups: low-rank matrices, low-rank input embeddings (``side="right"``),
+        and one dense group (no ``rank`` key: dense AdamW). Every group has ``param_names``.
+
+    Example::
+
+        >>> model = torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32))
+        >>> [(g["param_names"], g.get("side")) for g in logra_param_groups(model, rank=4)]
+        [(['1.weight'], None), (['0.weight'], 'right'), (['1.bias'], None)]
+    """
+    by_type, emb_ids = set(), set()
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)) and getattr(module, "weight", None) is not None:
+            by_type.add(id(module.weight))
+            if isinstance(module, nn.Embedding):
+                emb_ids.add(id(module.weight))
+    lowrank, dense = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        chosen = p.ndim == 2 and (id(p) in by_type or _matches(name, include)) and not _matches(name, exclude)
+        (lowrank if chosen else dense).append((name, p))
+    return _build_groups(lowrank, dense, rank, {"update_proj_gap": update_proj_gap, **lowrank_kwargs}, emb_ids)
+
+
+def normalize_params(params: Any) -> list[dict[str, Any]]:
+    """Turn any accepted ``params`` form into groups that all carry ``param_names``.
+
+    Accepts param groups (dicts), an iterable of tensors, or of ``(name, tensor)`` pairs.
+    Unnamed params are called ``param{i}`` (i = position in the optimizer).
+    """
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params must be an iterable of tensors, (name, tensor) pairs or dicts, got a Tensor")
+    items = list(params)
+    if not items:
+        raise ValueError("optimizer got an empty parameter list")
+    if not isinstance(items[0], dict):
+        items = [{"params": items}]
+    groups, counter = [], 0
+    for g in items:
+        g = dict(g)
+        ps = g["params"]
+        ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        names = list(g.get("param_names", []))
+        if ps and isinstance(ps[0], tuple):
+            names, ps = [n for n, _ in ps], [p for _, p in ps]
+        if len(names) != len(ps):
+            names = [f"param{counter + i}" for i in range(len(ps))]
+        counter += len(ps)
+        g["params"], g["param_names"] = ps, names
+        groups.append(g)
+    return groups

@@ -1,0 +1,178 @@
+"""Pure math of low-rank gradient sketches (DESIGN.md §2).
+
+Every function here is stateless: the optimizer (``logra.py``) and the slow
+reference (``reference.py``) hold the state and call these. Shapes follow the
+torch ``nn.Linear`` layout, ``W`` and ``G`` are ``[m, n]`` (out x in).
+
+Conventions:
+
+* ``side="right"``: basis ``Q`` is ``[n, r]``, sketch ``S = G @ Q`` is ``[m, r]``,
+  update ``dW = U @ Q.T``.
+* ``side="left"``: basis ``P`` is ``[m, r]``, sketch ``S = P.T @ G`` is ``[r, n]``,
+  update ``dW = P @ U``.
+
+Randomness is always drawn from a ``torch.Generator`` seeded from plain integers
+(``seed``, ``step``), so every data-parallel rank draws the same test matrix and
+nothing but integers has to be stored to reproduce it.
+
+Example::
+
+    >>> import torch
+    >>> G = torch.randn(6, 4)
+    >>> Q = random_orthonormal(4, 2, seed=0)
+    >>> S = project(G, Q, "right")          # [6, 2]
+    >>> torch.allclose(Q.T @ Q, torch.eye(2), atol=1e-6)
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK63 = (1 << 63) - 1
+
+
+def mix_seed(seed: int, step: int, salt: int = 0) -> int:
+    """Combine integers into one 63-bit generator seed (SplitMix64-style)."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9 + int(salt) * 0x94D049BB133111EB) & _MASK63
+    x ^= x >> 31
+    x = (x * 0xD6E8FEB86659FD93) & _MASK63
+    return x ^ (x >> 29)
+
+
+def gaussian(rows: int, cols: int, seed: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """A ``[rows, cols]`` standard normal matrix drawn from ``seed`` (CPU generator, then moved)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(rows, cols, generator=gen, dtype=dtype).to(device)
+
+
+def random_orthonormal(dim: int, rank: int, seed: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """A ``[dim, rank]`` matrix with orthonormal columns, or the identity's first columns if ``rank == dim``.
+
+    The full-rank case is the exact identity so that a full-rank LoGRA step is
+    elementwise Adam (Adam is not rotation invariant; any other full basis would differ).
+    """
+    if rank == dim:
+        return torch.eye(dim, dtype=dtype, device=device)
+    q, r = torch.linalg.qr(gaussian(dim, rank, seed, dtype=torch.float32, device=device))  # [dim, rank]
+    q = q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(()))  # unique QR
+    return q.to(dtype)
+
+
+def project(grad: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Tensor:
+    """Sketch of a gradient in a basis: ``G @ Q`` ([m, r]) or ``P.T @ G`` ([r, n])."""
+    g = grad.to(basis.dtype)
+    return g @ basis if side == "right" else basis.T @ g
+
+
+def range_test_matrix_shape(shape: tuple[int, int], k: int, side: str) -> tuple[int, int]:
+    """Shape of the Gaussian test matrix Omega for a range sketch of an ``[m, n]`` gradient."""
+    m, n = shape
+    return (m, k) if side == "right" else (n, k)
+
+
+def range_sketch(grad: torch.Tensor, omega: torch.Tensor, side: str) -> torch.Tensor:
+    """Randomized range sketch ``Y``: ``G.T @ Omega`` ([n, k], right) or ``G @ Omega`` ([m, k], left).
+
+    ``Y`` spans (approximately) the dominant right (resp. left) singular subspace of ``G``.
+    It is linear in ``G``, so micro-batches add and, under FSDP2 with row shards,
+    ``sum_i G_i.T @ Omega_i`` is one all-reduce (see :func:`reduce_range_sketch`).
+    """
+    g = grad.to(omega.dtype)
+    return g.T @ omega if side == "right" else g @ omega
+
+
+def reduce_range_sketch(y: torch.Tensor) -> torch.Tensor:
+    """The one place a data-/FSDP-parallel run would all-reduce the range sketch.
+
+    On one process (the only mode built so far) this is the identity. Under
+    FSDP2 each rank holds ``G_i.T @ Omega_i`` for its rows; summing them gives
+    ``G.T @ Omega``.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(y)
+    return y
+
+
+def basis_from_range(y: torch.Tensor, rank: int) -> torch.Tensor:
+    """Orthonormal ``[d, rank]`` basis of the top-``rank`` left singular subspace of ``y`` ([d, k]).
+
+    ``QR`` alone would keep an arbitrary rank-r slice of the oversampled range;
+    an SVD of the small ``[d, k]`` sketch ranks its directions by energy, so the
+    oversampling columns are the ones dropped. Signs are fixed (largest entry of
+    each column positive) so the result is deterministic.
+    """
+    u, _, _ = torch.linalg.svd(y.float(), full_matrices=False)  # [d, k]
+    return _fix_signs(u[:, :rank]).contiguous()
+
+
+def exact_basis(grad: torch.Tensor, rank: int, side: str) -> torch.Tensor:
+    """Top-``rank`` singular vectors of the full gradient (GaLore's projector): ``[n, r]`` or ``[m, r]``."""
+    u, _, vh = torch.linalg.svd(grad.float(), full_matrices=False)
+    basis = vh[:rank].T if side == "right" else u[:, :rank]
+    return _fix_signs(basis).contiguous()
+
+
+def _fix_signs(basis: torch.Tensor) -> torch.Tensor:
+    idx = basis.abs().argmax(dim=0)  # [r]
+    signs = torch.sign(basis[idx, torch.arange(basis.shape[1])])
+    return basis * torch.where(signs == 0, torch.ones_like(signs), signs)
+
+
+def basis_rotation(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``R = old.T @ new`` ([r, r]): coordinates of the new basis vectors in the old basis."""
+    return old.T @ new
+
+
+def rotate_moments(
+    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, rot: torch.Tensor, side: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Carry Adam moments from the old basis into the new one.
+
+    First moment (linear, exact when the old span contains the new one):
+    ``M <- M @ R`` (right) or ``M <- R.T @ M`` (left).
+
+    Second moment: a sketch coordinate in the new basis is ``s_new_j = sum_i s_i R_ij``.
+    Treating the old coordinates as uncorrelated, ``E[s_new_j^2] = sum_i E[s_i^2] R_ij^2``,
+    so ``V <- V @ (R*R)`` (right) or ``(R*R).T @ V`` (left). This keeps ``V >= 0``,
+    is exact for permutations and sign flips of the basis, and keeps Adam's
+    step count (and bias correction) running instead of restarting it.
+    """
+    r2 = rot * rot  # [r, r]
+    if side == "right":
+        return exp_avg @ rot, exp_avg_sq @ r2  # [m, r]
+    return rot.T @ exp_avg, r2.T @ exp_avg_sq  # [r, n]
+
+
+def adam_moments_(
+    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, beta1: float, beta2: float
+) -> None:
+    """In-place Adam moment update (``torch.optim.Adam``'s order of operations)."""
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+
+def adam_direction(
+    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: int, beta1: float, beta2: float, eps: float
+) -> torch.Tensor:
+    """Bias-corrected Adam direction ``m_hat / (sqrt(v_hat) + eps)`` (same shape as the moments).
+
+    Written in ``torch.optim.AdamW``'s single-tensor arithmetic so a full-rank
+    identity basis reproduces it to fp32 rounding.
+    """
+    bias1 = 1 - beta1**step
+    bias2_sqrt = (1 - beta2**step) ** 0.5
+    denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+    return (exp_avg / bias1) / denom
+
+
+def lowrank_delta(direction: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Tensor:
+    """Full ``[m, n]`` matrix ``U @ Q.T`` (right) or ``P @ U`` (left). Materializes one matrix."""
+    return direction @ basis.T if side == "right" else basis @ direction
+
+
+def lowrank_factors(direction: torch.Tensor, basis: torch.Tensor, side: str, coef: float):
+    """Thin factors ``(left [m, r], right [r, n])`` with ``left @ right == coef * lowrank_delta(...)``."""
+    if side == "right":
+        return direction * coef, basis.T.contiguous()
+    return basis.contiguous(), direction * coef

@@ -1,0 +1,79 @@
+"""The rollout-engine interface shared by the Hugging Face and vLLM engines.
+
+An engine turns prompts (token ids) into ``n`` sampled completions each, with the
+log-probability the engine gave every sampled token. It also accepts weight
+updates from the trainer, either as full tensors or as low-rank factors
+(``W <- c*W + L @ R``), so that the weight-sync callback can keep it in step
+with the policy being trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """Completions for ``B`` prompts x ``n`` samples, grouped by prompt.
+
+    Row ``i * n + j`` is sample ``j`` of prompt ``i``. Completion token lists do not
+    include the prompt; they include the EOS token when the sample finished.
+    """
+
+    prompt_ids: list[list[int]]  # B lists
+    completion_ids: list[list[int]]  # B*n lists
+    logprobs: list[list[float]]  # B*n lists, one per completion token (sampling distribution)
+    texts: list[str]  # B*n decoded completions, EOS removed
+    finished: list[bool]  # B*n: ended with EOS (False = cut at max_new_tokens)
+    n: int = 1
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass
+class LowRankUpdate:
+    """One matrix update ``W <- c * W + left @ right`` named by its HF parameter name.
+
+    ``left`` is ``[m, r]`` and ``right`` is ``[r, n]`` for a weight of shape ``[m, n]``.
+    """
+
+    name: str
+    c: float
+    left: torch.Tensor
+    right: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.left.numel() * self.left.element_size() + self.right.numel() * self.right.element_size()
+
+
+@dataclass
+class SamplingConfig:
+    """How an engine samples. ``temperature=0`` means greedy."""
+
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer and the weight-sync callback need from an engine."""
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> Rollout: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the named parameters (HF names) with these values."""
+
+    def apply_lowrank_updates(
+        self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
+    ) -> None:
+        """Apply ``W <- c*W + L@R`` per update, then overwrite the ``dense`` params."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,113 @@
+"""An in-process rollout engine built on Hugging Face ``generate``.
+
+By default it samples from the policy being trained (shared weights: nothing to
+sync). With ``copy_weights=True`` it keeps its own copy of the model, which makes
+it a cheap, exact stand-in for a remote engine in tests of the weight-sync
+callback: it implements the same update methods as the vLLM engine.
+
+Example::
+
+    >>> import tempfile
+    >>> from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+    >>> from logra_lightning.rollout import HFEngine, SamplingConfig
+    >>> model, tok = load_policy(build_tiny_model(tempfile.mkdtemp(), TinyModelConfig(num_layers=1)))
+    >>> engine = HFEngine(model, tok)
+    >>> out = engine.generate([tok.encode("1+2=")], n=2, sampling=SamplingConfig(max_new_tokens=3))
+    >>> len(out), len(out.logprobs[0]) == len(out.completion_ids[0])
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from logra_lightning.rollout.base import LowRankUpdate, Rollout, SamplingConfig
+
+
+class HFEngine:
+    """Sample completions with ``model.generate``.
+
+    Args:
+        model: a causal LM (``transformers`` ``PreTrainedModel``).
+        tokenizer: its tokenizer (for EOS/pad ids and decoding).
+        copy_weights: keep a private copy of ``model`` instead of sharing its weights.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, copy_weights: bool = False) -> None:
+        self.model = copy.deepcopy(model) if copy_weights else model
+        self.tokenizer = tokenizer
+        self.copy_weights = copy_weights
+
+    @property
+    def shares_weights(self) -> bool:
+        """True when the engine samples from the trainer's own weights (nothing to sync)."""
+        return not self.copy_weights
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> Rollout:
+        tok = self.tokenizer
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompt_ids)
+        rows = [p for p in prompt_ids for _ in range(n)]
+        ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)  # [B*n, P] left-padded
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(rows):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        greedy = sampling.temperature <= 0
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_k=0 if not greedy else None,
+            top_p=None if greedy else sampling.top_p,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        self.model.train(was_training)
+        new = out.sequences[:, width:].cpu()  # [B*n, T]
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [B*n, T, V]
+        if not greedy:
+            logits = logits / sampling.temperature
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B*n, T]
+        completions, logprobs, texts, finished = [], [], [], []
+        for row, row_lp in zip(new.tolist(), lp.tolist()):
+            done = tok.eos_token_id in row
+            cut = row.index(tok.eos_token_id) + 1 if done else len(row)
+            completions.append(row[:cut])
+            logprobs.append(row_lp[:cut])
+            texts.append(tok.decode(row[:cut], skip_special_tokens=True))
+            finished.append(done)
+        return Rollout(list(prompt_ids), completions, logprobs, texts, finished, n=n)
+
+    # -- weight updates (meaningful with copy_weights=True) ------------------------------
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, value in named_tensors:
+            params[name].copy_(value)
+
+    @torch.no_grad()
+    def apply_lowrank_updates(
+        self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
+    ) -> None:
+        params = dict(self.model.named_parameters())
+        for u in updates:
+            w = params[u.name]
+            w.mul_(u.c).addmm_(u.left.to(w), u.right.to(w))
+        self.load_weights(dense)
+
+    def close(self) -> None:
+        pass
