@@ -1,6 +1,23 @@
-"""Rollout engines: Hugging Face ``generate`` in-process, and vLLM."""
+"""Rollout engines: Hugging Face ``generate`` in-process, and vLLM.
 
-from logra_lightning.rollout.base import LowRankUpdate, Rollout, RolloutEngine, SamplingConfig
-from logra_lightning.rollout.hf import HFEngine
+``VLLMEngine`` / ``VLLMEngineSpec`` are loaded on first access, so importing this package
+never imports vLLM (which is optional and slow to import).
+"""
 
-__all__ = ["HFEngine", "LowRankUpdate", "Rollout", "RolloutEngine", "SamplingConfig"]
+from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, RolloutEngine, SamplingConfig
+from logra_lightning.rollout.hf import HFEngine, HFEngineSpec
+
+_LAZY = {"VLLMEngine", "VLLMEngineSpec"}
+
+__all__ = [
+    "EngineSpec", "HFEngine", "HFEngineSpec", "LowRankUpdate", "Rollout", "RolloutEngine", "SamplingConfig",
+    "VLLMEngine", "VLLMEngineSpec",
+]  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from logra_lightning.rollout import vllm as _vllm_engine
+
+        return getattr(_vllm_engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -77,3 +77,15 @@ class RolloutEngine(Protocol):
         """Apply ``W <- c*W + L@R`` per update, then overwrite the ``dense`` params."""
 
     def close(self) -> None: ...
+
+
+class EngineSpec:
+    """How to build a rollout engine; a config picks one by ``class_path``.
+
+    Subclasses hold only plain options (so jsonargparse can build them from YAML)
+    and create the engine once the policy is loaded, in the module's ``setup``.
+    """
+
+    def build(self, model_path: str, policy, tokenizer) -> RolloutEngine:
+        """Create the engine for the policy saved at ``model_path`` (already loaded as ``policy``)."""
+        raise NotImplementedError

@@ -25,7 +25,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from logra_lightning.rollout.base import LowRankUpdate, Rollout, SamplingConfig
+from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 
 
 class HFEngine:
@@ -111,3 +111,18 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+
+class HFEngineSpec(EngineSpec):
+    """Build an :class:`HFEngine` (the default engine; no extra install).
+
+    Args:
+        copy_weights: give the engine its own copy of the weights, kept in step by
+            :class:`~logra_lightning.callbacks.LowRankWeightSync` like a remote engine.
+    """
+
+    def __init__(self, copy_weights: bool = False) -> None:
+        self.copy_weights = copy_weights
+
+    def build(self, model_path: str, policy, tokenizer) -> HFEngine:
+        return HFEngine(policy, tokenizer, copy_weights=self.copy_weights)

@@ -1,0 +1,166 @@
+"""The base policy of the demo: a tiny Qwen2 given a short supervised warm-up, cached.
+
+RL post-training starts from a model that is sometimes right. The built-in model
+``builtin:arithmetic-tiny`` is a randomly initialised tiny Qwen2
+(:func:`~logra_lightning.models.build_tiny_model`) trained for a few hundred AdamW
+steps on the train split of the arithmetic task (loss on answer tokens only), so
+that its held-out greedy accuracy is low but not zero. The result is a normal HF
+directory cached under ``$LOGRA_CACHE_DIR`` (default ``.cache/logra``), keyed by a
+hash of every setting, and deterministic for a seed on one machine.
+
+Run it alone: ``python -m logra_lightning.warmup`` (prints the path and accuracy).
+
+Example::
+
+    >>> from logra_lightning.warmup import BUILTIN_MODELS
+    >>> sorted(BUILTIN_MODELS)
+    ['arithmetic-tiny', 'arithmetic-tiny-raw']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from logra_lightning.data.arithmetic import ArithmeticSource
+from logra_lightning.errors import ConfigError
+from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+
+BUILTIN_PREFIX = "builtin:"
+WARMUP_VERSION = 1  # bump when the warm-up code changes its result
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-up on the arithmetic train split. ``steps=0`` keeps the random init."""
+
+    steps: int = 800
+    lr: float = 1e-3
+    batch_size: int = 64
+    seed: int = 0
+    max_digits: int = 2
+    ops: str = "+"
+    test_size: int = 256
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+BUILTIN_MODELS: dict[str, WarmupConfig] = {
+    "arithmetic-tiny": WarmupConfig(),
+    "arithmetic-tiny-raw": WarmupConfig(steps=0),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOGRA_CACHE_DIR", ".cache/logra")).expanduser()
+
+
+def _key(cfg: WarmupConfig) -> str:
+    blob = json.dumps({"v": WARMUP_VERSION, **asdict(cfg)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def sft_batch(tokenizer, records: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt + answer + EOS`` ids, attention mask and labels (-100 outside the answer)."""
+    rows, labels = [], []
+    for r in records:
+        p = tokenizer.encode(r["prompt"])
+        a = tokenizer.encode(r["answer"]) + [tokenizer.eos_token_id]
+        rows.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, L]
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)  # [B, L]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, lr) in enumerate(zip(rows, labels)):
+        ids[i, : len(row)] = torch.tensor(row)
+        lab[i, : len(lr)] = torch.tensor(lr)
+        mask[i, : len(row)] = 1
+    return ids, mask, lab
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128) -> float:
+    """Fraction of ``records`` whose greedy completion equals the answer (HF ``generate``)."""
+    from logra_lightning.rollout.base import SamplingConfig
+    from logra_lightning.rollout.hf import HFEngine
+
+    engine, hits = HFEngine(model, tokenizer), 0
+    for i in range(0, len(records), batch_size):
+        chunk = records[i : i + batch_size]
+        out = engine.generate([tokenizer.encode(r["prompt"]) for r in chunk], n=1,
+                              sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))  # fmt: skip
+        hits += sum(t.strip() == r["answer"] for t, r in zip(out.texts, chunk))
+    return hits / len(records)
+
+
+def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
+    """Build the tiny model at ``path`` and train it on the task; return a summary dict."""
+    build_tiny_model(path, cfg.model)
+    model, tok = load_policy(str(path))
+    train = ArithmeticSource("train", cfg.max_digits, cfg.ops, cfg.test_size, cfg.seed).load()
+    test = ArithmeticSource("test", cfg.max_digits, cfg.ops, cfg.test_size, cfg.seed).load()
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    model.train()
+    start, loss = time.perf_counter(), float("nan")
+    for _ in range(cfg.steps):
+        ids, mask, labels = sft_batch(tok, rng.sample(train, cfg.batch_size))
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = out.loss.item()
+    model.eval()
+    summary = {"steps": cfg.steps, "final_loss": loss, "seconds": time.perf_counter() - start,
+               "test_accuracy": greedy_accuracy(model, tok, test)}  # fmt: skip
+    model.save_pretrained(path, safe_serialization=True)
+    (Path(path) / "warmup.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=2))
+    return summary
+
+
+def resolve_model(spec: str) -> str:
+    """Turn a model spec into a path or hub name ``transformers`` can load.
+
+    ``builtin:<name>`` (see :data:`BUILTIN_MODELS`) builds and warms up the model once
+    and returns its cached directory; anything else is returned unchanged.
+
+    Raises:
+        ConfigError: an unknown ``builtin:`` name.
+    """
+    if not spec.startswith(BUILTIN_PREFIX):
+        return spec
+    name = spec[len(BUILTIN_PREFIX) :]
+    if name not in BUILTIN_MODELS:
+        raise ConfigError(f"model={spec!r}: unknown built-in model; choose one of {sorted(BUILTIN_MODELS)}")
+    cfg = BUILTIN_MODELS[name]
+    target = cache_dir() / f"{name}-{_key(cfg)}"
+    if (target / "warmup.json").exists():
+        return str(target)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: 1 thread is several times faster here (DESIGN.md §5)
+    try:
+        summary = warm_up(tmp, cfg)
+    finally:
+        torch.set_num_threads(threads)
+    if not target.exists():
+        tmp.rename(target)  # atomic: a half-written directory is never picked up
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[logra] built {spec} at {target}: warm-up {summary['seconds']:.0f}s, "
+          f"held-out greedy accuracy {summary['test_accuracy']:.1%}")  # fmt: skip
+    return str(target)
+
+
+if __name__ == "__main__":
+    print(resolve_model("builtin:arithmetic-tiny"))

@@ -1,0 +1,30 @@
+"""Shared fixtures: the built-in tiny policy (built once, cached in .cache/logra) and thread settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_path() -> str:
+    """The warmed-up ``builtin:arithmetic-tiny`` policy directory (the demo's base model)."""
+    from logra_lightning.warmup import resolve_model
+
+    return resolve_model("builtin:arithmetic-tiny")
+
+
+@pytest.fixture(scope="session")
+def raw_tiny_path() -> str:
+    """A randomly initialised tiny Qwen2 directory (no warm-up)."""
+    from logra_lightning.warmup import resolve_model
+
+    return resolve_model("builtin:arithmetic-tiny-raw")

@@ -1,0 +1,106 @@
+"""Every config in configs/ runs through ``cli.main`` with a tiny budget; bad input fails early and clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from logra_lightning.cli import main
+from logra_lightning.errors import ConfigError, DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+# Configs that need more than this CPU machine gives a unit test get a stand-in: the tiny built-in
+# model, CPU, one process, and the HF engine (the vLLM engine is tested in tests/test_vllm_engine.py).
+STAND_IN = ["--model.model", "builtin:arithmetic-tiny", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+NEEDS_STAND_IN = {"qwen2.5-0.5b_gsm8k.yaml", "qwen2.5-7b_math_fsdp8.yaml"}
+SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run by its own test in tests/test_fsdp2.py
+
+
+def tiny_budget(tmp_path: Path) -> list[str]:
+    return [
+        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_checkpointing", "false",
+        "--data.batch_size", "4", "--model.group_size", "4",
+    ]  # fmt: skip
+
+
+def engine_override(config: str) -> list[str]:
+    text = (ROOT / "configs" / config).read_text()
+    return ["--model.engine", "logra_lightning.rollout.HFEngineSpec"] if "VLLMEngineSpec" in text else []
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c not in SLOW])
+def test_config_smoke(config, tmp_path, tiny_policy_path):
+    args = ["fit", "--config", str(ROOT / "configs" / config), *tiny_budget(tmp_path), *engine_override(config)]
+    if config in NEEDS_STAND_IN:
+        args += STAND_IN
+    cli = main(args)
+    assert cli.trainer.global_step == 2
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    assert 0.0 <= summary["accuracy_after"] <= 1.0
+    assert (Path(cli.trainer.log_dir) / "config.yaml").exists()  # the resolved config is saved with the logs
+
+
+def test_default_config_logs_required_metrics(tmp_path, tiny_policy_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cli = main(["fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"), *tiny_budget(tmp_path)])
+    acc = EventAccumulator(cli.trainer.log_dir)
+    acc.Reload()
+    keys = set(acc.Tags()["scalars"])
+    required = {"reward/mean", "reward/std", "reward/accuracy", "val/accuracy", "loss/policy", "policy/entropy",
+                "policy/clip_frac", "policy/approx_kl", "completion/length_mean", "perf/step_seconds",
+                "perf/tokens_per_second"}  # fmt: skip
+    assert required <= keys, required - keys
+
+
+def test_omegaconf_interpolation(tmp_path, tiny_policy_path):
+    text = (ROOT / "configs/arithmetic_tiny_adamw.yaml").read_text()
+    cfg = tmp_path / "interp.yaml"
+    cfg.write_text(text.replace("val_batch_size: 128", "val_batch_size: ${data.batch_size}"))
+    cli = main(["fit", "--config", str(cfg), *tiny_budget(tmp_path)])
+    assert cli.datamodule.val_batch_size == 16  # resolved from the file's data.batch_size, not the 128 it replaced
+
+
+def test_unknown_key_is_rejected(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"), "--model.grup_size", "4"])
+    assert "grup_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, error, match",
+    [
+        (["--data.batch_size", "0"], ConfigError, "data.batch_size=0"),
+        (["--model.group_size", "0"], ConfigError, "model.group_size=0"),
+        (["--model.group_size", "1"], ConfigError, "scale_by_std"),
+        (["--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", "/nonexistent/d.jsonl"],
+         DataError, "/nonexistent/d.jsonl: data file not found"),
+    ],
+)
+def test_bad_input_fails_before_any_model_is_built(override, error, match, monkeypatch):
+    import logra_lightning.module as module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was built before the input was validated")
+
+    monkeypatch.setattr(module, "load_policy", forbidden)
+    monkeypatch.setattr(module, "resolve_model", forbidden)
+    with pytest.raises(error, match=match):
+        main(["fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"), *override])
+
+
+def test_cli_error_message_without_traceback(capsys):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "logra_lightning", "fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"),
+         "--data.batch_size", "-3"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "logra: error: data.batch_size=-3: must be an integer >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
