@@ -52,6 +52,7 @@ from typing_extensions import override
 from logra_lightning.errors import ConfigError
 from logra_lightning.grpo import clipped_policy_loss, gather_logprobs, grpo_advantages, k3_kl, masked_mean, token_entropy
 from logra_lightning.models import load_policy
+from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.phases import announce_phase
 from logra_lightning.rewards import ExactMatchReward, safe_rewards
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
@@ -163,10 +164,13 @@ class PolicyGradientModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         if self.policy is not None:
             return
+        if self._trainer is not None:
+            check_strategy_supported(self.trainer, self.optimizer_factory)  # before any model is built
         if self.hparams.torch_threads:
             torch.set_num_threads(self.hparams.torch_threads)
         self.model_path = resolve_model(self.model_spec)
         self.policy, self.tokenizer = load_policy(self.model_path)
+        self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
         if self.hparams.activation_checkpointing:
             self.policy.gradient_checkpointing_enable()
             self.policy.config.use_cache = False

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -35,15 +36,16 @@ from logra_lightning.errors import ConfigError
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 
 BUILTIN_PREFIX = "builtin:"
-WARMUP_VERSION = 1  # bump when the warm-up code changes its result
+WARMUP_VERSION = 2  # bump when the warm-up code changes its result
 
 
 @dataclass
 class WarmupConfig:
     """Supervised warm-up on the arithmetic train split. ``steps=0`` keeps the random init."""
 
-    steps: int = 800
-    lr: float = 1e-3
+    steps: int = 600
+    lr: float = 1e-3  # peak; linear warm-up over `lr_warmup` steps, then cosine decay to 0
+    lr_warmup: int = 50
     batch_size: int = 64
     seed: int = 0
     max_digits: int = 2
@@ -52,8 +54,12 @@ class WarmupConfig:
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
+# Measured here (1 thread): hidden 128 reached only 6-11% held-out accuracy after 300-1200
+# warm-up steps; hidden 256 reached 13% after 450, 41% after 600 (of 800) and 67% after 800.
+ARITHMETIC_TINY = TinyModelConfig(hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=704, num_layers=4)
+
 BUILTIN_MODELS: dict[str, WarmupConfig] = {
-    "arithmetic-tiny": WarmupConfig(),
+    "arithmetic-tiny": WarmupConfig(model=ARITHMETIC_TINY),
     "arithmetic-tiny-raw": WarmupConfig(steps=0),
 }
 
@@ -65,6 +71,12 @@ def cache_dir() -> Path:
 def _key(cfg: WarmupConfig) -> str:
     blob = json.dumps({"v": WARMUP_VERSION, **asdict(cfg)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """LR multiplier: linear ramp over ``warmup`` steps, then cosine from 1 to 0 at ``total``."""
+    ramp = min(1.0, (step + 1) / max(warmup, 1))
+    return ramp * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
 
 
 def sft_batch(tokenizer, records: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,7 +121,8 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     test = ArithmeticSource("test", cfg.max_digits, cfg.ops, cfg.test_size, cfg.seed).load()
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.lr_warmup, cfg.steps))
     model.train()
     start, loss = time.perf_counter(), float("nan")
     for _ in range(cfg.steps):
@@ -118,6 +131,7 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sched.step()
         loss = out.loss.item()
     model.eval()
     summary = {"steps": cfg.steps, "final_loss": loss, "seconds": time.perf_counter() - start,

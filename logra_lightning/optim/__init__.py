@@ -14,9 +14,7 @@ from logra_lightning.optim.reference import LoGRAReference
 
 __all__ = ["LoGRA", "LoGRAReference", "is_eligible", "logra_param_groups", "split_named_params"]
 
-try:  # written by another module owner; re-exported when present
-    from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes  # noqa: F401
+from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
+from logra_lightning.optim.strategy_check import check_strategy_supported
 
-    __all__ += ["grad_bytes", "optimizer_state_bytes", "param_bytes"]
-except ImportError:  # pragma: no cover - only before accounting.py exists
-    pass
+__all__ += ["check_strategy_supported", "grad_bytes", "optimizer_state_bytes", "param_bytes"]

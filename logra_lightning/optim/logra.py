@@ -31,6 +31,24 @@ Choices and departures (numbered, as promised by the house style):
 5. **Gradients are gone after backward** for low-rank params in the default
    mode (``p.grad is None``): gradient clipping or grad-norm logging on them
    sees nothing. Use ``sketch_in_backward=False`` if you need them.
+6. **FSDP2 (row-sharded DTensors; layout table in :mod:`~logra_lightning.optim.sharding`).**
+   Sides and random matrices come from the *global* shape, so a sharded run
+   takes the same steps as one process (``tests/test_fsdp2.py``). Every state
+   tensor is sharded, none replicated, so a rank holds about ``1/world`` of the
+   single-process state: right sketch: moments/sketch ``[m_i, r]`` (W's rows
+   here), basis rows ``Q_j`` (a chunk of W's columns), all-gathered when used
+   (in the hook, and once per step from ``prepare_update`` until the update is
+   applied); the refresh sums ``G_i.T @ Omega_i`` (``Omega_i``: this rank's rows
+   of the global ``Omega``) with one all-reduce. Left sketch: basis rows
+   ``P_i``; the partial ``P_i.T @ G_i`` is summed over ranks once per step (all
+   sharded left sketches and the non-finite flags of all sharded matrices in one
+   all-reduce), Adam runs on this rank's column chunk ``[r, n_j]`` and the
+   direction is all-gathered; the refresh gathers the ``[m, r + p]`` range
+   sketch. Rotations ``R`` are summed over ranks (one ``[r, r]`` all-reduce).
+   Dense AdamW state is the local shard. State tensors are plain local tensors
+   (a distributed checkpoint needs them wrapped as DTensors). ``refresh="svd"``
+   gathers the full gradient. ``update_max_abs`` and recorded factors are local:
+   the left factor holds this rank's rows (see :meth:`LoGRA.row_shard`).
 
 Example::
 
@@ -53,6 +71,7 @@ from typing import Any, Callable
 
 import torch
 
+from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.groups import normalize_params, split_named_params
 from logra_lightning.rollout.base import LowRankUpdate
@@ -182,6 +201,7 @@ class LoGRA(torch.optim.Optimizer):
         self._hooks: list = []
         self._param_index: dict[int, int] = {}
         self._group_of: dict[int, dict] = {}
+        self._shards: dict[int, sh.RowShard] = {}  # id(p) -> this rank's rows of a row-sharded low-rank matrix
         super().__init__(groups, defaults)
         for group in self.param_groups:
             self._init_group(group)
@@ -231,41 +251,74 @@ class LoGRA(torch.optim.Optimizer):
                 )
             if rank > (p.shape[1] if side == "right" else p.shape[0]):
                 raise ValueError(f"rank={rank} exceeds the {side} dimension of {name!r} with shape {tuple(p.shape)}")
+            shard = sh.row_shard(p, name)
+            if shard is not None:
+                self._shards[id(p)] = shard
             self._init_lowrank_state(p, rank, side)
             if self.sketch_in_backward:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._sketch_hook))
 
     def _init_lowrank_state(self, p: torch.Tensor, rank: int, side: str) -> None:
-        m, n = p.shape
+        m, n = p.shape  # global shape, also for a row-sharded DTensor
+        shard = self._shards.get(id(p))
         seed = sk.mix_seed(self.seed, self._param_index[id(p)])
         dim = n if side == "right" else m
-        moment_shape = (m, rank) if side == "right" else (rank, n)
+        moment_shape = sketch_shape = (m, rank) if side == "right" else (rank, n)
         dev = p.device
+        basis = sk.random_orthonormal(dim, rank, seed, device=dev)  # [n, r] | [m, r]
+        if shard is not None:
+            basis = basis[self._basis_rows(p, side)].clone()  # [n_j, r] | [m_i, r], own storage
+            if side == "right":
+                moment_shape = sketch_shape = (shard.rows, rank)  # [m_i, r]
+            else:
+                cols = shard.chunk(n)
+                moment_shape = (rank, cols.stop - cols.start)  # [r, n_j]
         self.state[p] = {
             "step": torch.zeros((), dtype=torch.int64),
             "seed": torch.tensor(seed, dtype=torch.int64),
-            "basis": sk.random_orthonormal(dim, rank, seed, device=dev),  # [n, r] | [m, r]
+            "basis": basis,  # [n, r] | [m, r]
             "exp_avg": torch.zeros(moment_shape, dtype=torch.float32, device=dev),  # [m, r] | [r, n]
             "exp_avg_sq": torch.zeros(moment_shape, dtype=torch.float32, device=dev),
-            "sketch": torch.zeros(moment_shape, dtype=torch.float32, device=dev),
+            "sketch": torch.zeros(sketch_shape, dtype=torch.float32, device=dev),
         }
+
+    def _basis_rows(self, p: torch.Tensor, side: str) -> slice:
+        """Rows of the basis a sharded matrix keeps here: W's rows (``P``, left) or a chunk of W's columns (``Q``)."""
+        shard = self._shards[id(p)]
+        return slice(shard.start, shard.stop) if side == "left" else shard.chunk(p.shape[1])
+
+    def _full_basis(self, p: torch.Tensor, side: str) -> torch.Tensor:
+        """The basis as the matmuls need it: ``Q`` gathered for a sharded right sketch, else the stored one."""
+        shard = self._shards.get(id(p))
+        if shard is None or side == "left":
+            return self.state[p]["basis"]  # [n, r] | [m_i, r]
+        return sh.gather_chunks(self.state[p]["basis"], shard, p.shape[1])  # [n, r]
 
     # -------------------------------------------------------------- sketching
     def _refresh_due(self, group: dict, st: dict, p: torch.Tensor) -> bool:
-        fixed = st["basis"].shape[1] == st["basis"].shape[0]  # full rank: identity basis, nothing to pick
+        side = resolve_side(group["side"], p.shape)
+        fixed = group["rank"] == p.shape[1 if side == "right" else 0]  # full rank: identity basis, nothing to pick
         return not fixed and int(st["step"]) % group["update_proj_gap"] == 0
 
     def _omega(self, st: dict, group: dict, p: torch.Tensor, side: str) -> torch.Tensor:
         k = group["rank"] + group["oversample"]
         rows, cols = sk.range_test_matrix_shape(tuple(p.shape), k, side)
-        return sk.gaussian(rows, cols, sk.mix_seed(int(st["seed"]), int(st["step"]), 1), device=p.device)
+        omega = sk.gaussian(rows, cols, sk.mix_seed(int(st["seed"]), int(st["step"]), 1), device=p.device)
+        shard = self._shards.get(id(p))
+        if shard is not None and side == "right":
+            omega = omega[shard.start : shard.stop]  # [m_i, k]: this rank's rows of the global Omega
+        return omega
+
+    def row_shard(self, p: torch.Tensor) -> sh.RowShard | None:
+        """This rank's rows of low-rank param ``p`` under FSDP2, or ``None`` when ``p`` is whole here."""
+        return self._shards.get(id(p))
 
     def _accumulate(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> None:
         """Add one gradient's sketch (and range sketch on refresh steps) into the state."""
         st = self.state[p]
         side = resolve_side(group["side"], p.shape)
-        g = _local(grad)  # [m, n]
-        st["sketch"].add_(sk.project(g, st["basis"], side))  # [m, r] | [r, n]
+        g = _local(grad)  # [m_i, n]
+        st["sketch"].add_(sk.project(g, self._full_basis(p, side), side))  # [m_i, r] | [r, n]
         if group["refresh"] == "randomized" and self._refresh_due(group, st, p):
             y = sk.range_sketch(g, self._omega(st, group, p, side), side)  # [n, k] | [m, k]
             if "range" in st:
@@ -298,66 +351,124 @@ class LoGRA(torch.optim.Optimizer):
         """Advance step counts and moments and hold the candidate update Δ. Idempotent until applied."""
         if self._prepared:
             return
+        if not self.sketch_in_backward:
+            self._sketch_full_grads()
+        nonfinite = self._sync_sketches()
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             info = {"lr": group["lr"], "wd": group["weight_decay"]}
             for p in group["params"]:
                 if self._is_lowrank(group):
-                    pend = self._prepare_lowrank(p, group, beta1, beta2)
+                    pend = self._prepare_lowrank(p, group, beta1, beta2, nonfinite)
                 else:
                     pend = self._prepare_dense(p, beta1, beta2)
                 if pend is not None:
                     self._pending[p] = {**info, **pend}
         self._prepared = True
 
-    def _prepare_lowrank(self, p, group, beta1, beta2) -> dict | None:
+    def _sketch_full_grads(self) -> None:
+        """``sketch_in_backward=False``: sketch this step's full gradients now (GaLore-style)."""
+        for group in self.param_groups:
+            if not self._is_lowrank(group):
+                continue
+            for p in group["params"]:
+                self._touched.discard(id(p))
+                if p.grad is not None:
+                    st = self.state[p]
+                    st["sketch"].zero_()
+                    st.pop("range", None)
+                    self._accumulate(p, p.grad, group)
+
+    def _sync_sketches(self) -> set[int]:
+        """Complete the sketches of row-sharded matrices; return the ids of non-finite ones (skipped everywhere).
+
+        Per shard group, one all-reduce carries every partial left sketch ``P_i.T @ G_i``
+        and one non-finite flag per sharded matrix, so all ranks skip the same steps.
+        """
+        nonfinite: set[int] = set()
+        by_group: dict[Any, list[tuple[torch.Tensor, str]]] = {}
+        for group in self.param_groups:
+            if not self._is_lowrank(group):
+                continue
+            for p in group["params"]:
+                if id(p) not in self._touched:
+                    continue
+                shard = self._shards.get(id(p))
+                if shard is not None:
+                    by_group.setdefault(shard.group, []).append((p, resolve_side(group["side"], p.shape)))
+                elif not bool(torch.isfinite(self.state[p]["sketch"]).all()):
+                    nonfinite.add(id(p))
+        for pg, members in by_group.items():
+            sketches = [self.state[p]["sketch"] for p, side in members if side == "left"]
+            flags = [(~torch.isfinite(self.state[p]["sketch"])).any().float().reshape(1) for p, _ in members]
+            flat = sh.all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in sketches]), pg)
+            offset = len(members)
+            for s in sketches:
+                s.copy_(flat[offset : offset + s.numel()].view_as(s))  # [r, n]: P.T @ G
+                offset += s.numel()
+            nonfinite.update(id(p) for (p, _), bad in zip(members, flat[: len(members)].tolist()) if bad > 0)
+        return nonfinite
+
+    def _next_basis(self, p, group, st, side) -> torch.Tensor | None:
+        """The refreshed basis (this rank's chunk of its rows when sharded), or ``None`` to keep the old one."""
+        shard = self._shards.get(id(p))
+        if group["refresh"] == "svd":
+            g = p.grad.full_tensor() if shard is not None else _local(p.grad)  # the reference mode gathers G
+            y = sk.exact_basis(g, group["rank"], side)
+        else:
+            y = st.pop("range", None)
+            if y is None:
+                return None  # no gradient reached this matrix on its refresh step: keep the basis
+            if shard is not None and side == "right":
+                y = sk.reduce_range_sketch(y, shard.group)  # [n, k]: sum_i G_i.T @ Omega_i
+            elif shard is not None:
+                y = sh.gather_chunks(y, shard, p.shape[0])  # [m, k]: rows G_i @ Omega from every rank
+        if not bool(torch.isfinite(y).all()):
+            self.skipped_refreshes += 1
+            self._warn_once("nan_refresh", "LoGRA: non-finite range sketch; keeping the old basis")
+            return None
+        basis = y if group["refresh"] == "svd" else sk.basis_from_range(y, group["rank"])
+        if shard is not None:
+            basis = basis[self._basis_rows(p, side)].clone()  # own storage: a row slice would pin all rows
+        return basis
+
+    def _prepare_lowrank(self, p, group, beta1, beta2, nonfinite: set[int]) -> dict | None:
         st = self.state[p]
         side = resolve_side(group["side"], p.shape)
-        if not self.sketch_in_backward:
-            if p.grad is None:
-                return None
-            st["sketch"].zero_()
-            st.pop("range", None)
-            self._accumulate(p, p.grad, group)
-        elif id(p) not in self._touched:
+        if id(p) not in self._touched:
             return None
         sketch = st["sketch"]
-        if not bool(torch.isfinite(sketch).all()):
+        if id(p) in nonfinite:
             self.skipped_updates += 1
             self._warn_once("nan_update", "LoGRA: non-finite gradient sketch; skipping that matrix's step")
             sketch.zero_()
             st.pop("range", None)
             return None
-        next_basis = None
-        if self._refresh_due(group, st, p):
-            if group["refresh"] == "svd":
-                y = sk.exact_basis(_local(p.grad), group["rank"], side)
-            else:
-                y = st.pop("range", None)
-                y = None if y is None else sk.reduce_range_sketch(y)
-            if y is None:
-                pass  # no gradient reached this matrix on its refresh step: keep the basis
-            elif bool(torch.isfinite(y).all()):
-                next_basis = y if group["refresh"] == "svd" else sk.basis_from_range(y, group["rank"])
-            else:
-                self.skipped_refreshes += 1
-                self._warn_once("nan_refresh", "LoGRA: non-finite range sketch; keeping the old basis")
+        next_basis = self._next_basis(p, group, st, side) if self._refresh_due(group, st, p) else None
         st["step"] += 1
-        sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], sketch, beta1, beta2)
+        shard = self._shards.get(id(p))
+        s = sketch[:, shard.chunk(p.shape[1])] if shard is not None and side == "left" else sketch  # [r, n_j]
+        sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], s, beta1, beta2)
         sketch.zero_()
         u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
-        return {"u": u, "side": side, "scale": group["scale"], "next_basis": next_basis}
+        pend = {"u": u, "side": side, "scale": group["scale"], "next_basis": next_basis}
+        if shard is not None and side == "left":
+            pend["u"] = sh.gather_chunks(u.T, shard, p.shape[1]).T  # [r, n] from every rank's [r, n_j]
+        elif shard is not None:
+            pend["basis"] = self._full_basis(p, side)  # [n, r], held until the update is applied
+        return pend
 
     def _prepare_dense(self, p, beta1, beta2) -> dict | None:
         if p.grad is None:
             return None
         st = self.state[p]
-        if not st:
+        if not st:  # moments of the local shard under FSDP2
+            w = _local(p)
             st["step"] = torch.zeros((), dtype=torch.int64)
-            st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            st["exp_avg"] = torch.zeros_like(w, dtype=torch.float32, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(w, dtype=torch.float32, memory_format=torch.preserve_format)
         st["step"] += 1
-        sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], p.grad.float(), beta1, beta2)
+        sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], _local(p.grad).float(), beta1, beta2)
         return {"u": None}
 
     def _dense_direction(self, p, group) -> torch.Tensor:
@@ -383,11 +494,12 @@ class LoGRA(torch.optim.Optimizer):
                 if pend["u"] is None:
                     delta = self._dense_direction(p, group).mul_(-lr)
                 else:
-                    st = self.state[p]
-                    delta = sk.lowrank_delta(pend["u"], st["basis"], pend["side"]).mul_(-lr * pend["scale"])
+                    basis = pend.get("basis", self.state[p]["basis"])
+                    delta = sk.lowrank_delta(pend["u"], basis, pend["side"]).mul_(-lr * pend["scale"])
                 if wd:
                     delta.add_(_local(p).float(), alpha=-lr * wd)
-                best = max(best, float(delta.abs().max()))
+                if delta.numel():  # a rank may hold no rows of a small sharded matrix
+                    best = max(best, float(delta.abs().max()))
         return best
 
     def _move(self, p, group, pend, start: float, end: float) -> None:
@@ -403,7 +515,7 @@ class LoGRA(torch.optim.Optimizer):
         if pend["u"] is None:
             w.add_(self._dense_direction(p, group).to(w.dtype), alpha=-lr * coef)
             return
-        u, basis, side = pend["u"], self.state[p]["basis"], pend["side"]
+        u, basis, side = pend["u"], pend.get("basis", self.state[p]["basis"]), pend["side"]
         alpha = -lr * pend["scale"] * coef
         if w.dtype == u.dtype:
             if side == "right":
@@ -457,12 +569,15 @@ class LoGRA(torch.optim.Optimizer):
                 st = self.state[p]
                 if self.record_updates:
                     left, right = sk.lowrank_factors(
-                        pend["u"], st["basis"], pend["side"], -eta * pend["lr"] * pend["scale"]
+                        pend["u"], pend.get("basis", st["basis"]), pend["side"], -eta * pend["lr"] * pend["scale"]
                     )
                     c = 1.0 - eta * pend["lr"] * pend["wd"]
                     records.append(LowRankUpdate(names[id(p)], c, left.detach(), right.detach()))
                 if pend["next_basis"] is not None:
                     rot = sk.basis_rotation(st["basis"], pend["next_basis"])  # [r, r]
+                    shard = self._shards.get(id(p))
+                    if shard is not None:
+                        sh.all_reduce_sum_(rot, shard.group)  # both bases are row chunks: sum the partial products
                     st["exp_avg"], st["exp_avg_sq"] = sk.rotate_moments(
                         st["exp_avg"], st["exp_avg_sq"], rot, pend["side"]
                     )

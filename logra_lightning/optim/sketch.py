@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from logra_lightning.optim.sharding import all_reduce_sum_
+
 _MASK63 = (1 << 63) - 1
 
 
@@ -82,16 +84,16 @@ def range_sketch(grad: torch.Tensor, omega: torch.Tensor, side: str) -> torch.Te
     return g.T @ omega if side == "right" else g @ omega
 
 
-def reduce_range_sketch(y: torch.Tensor) -> torch.Tensor:
-    """The one place a data-/FSDP-parallel run would all-reduce the range sketch.
+def reduce_range_sketch(y: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum a right range sketch over the ranks that shard the matrix's rows (in place).
 
-    On one process (the only mode built so far) this is the identity. Under
-    FSDP2 each rank holds ``G_i.T @ Omega_i`` for its rows; summing them gives
-    ``G.T @ Omega``.
+    Under FSDP2 rank ``i`` holds rows ``G_i`` and the rows ``Omega_i`` of the shared
+    test matrix, so its ``G_i.T @ Omega_i`` is a partial sum of ``G.T @ Omega``; one
+    all-reduce over ``group`` (the shard group) completes it. ``group=None`` means the
+    matrix is whole on this rank (one process, or DDP, whose gradients arrive already
+    averaged) and this is the identity, whether or not ``torch.distributed`` is initialized.
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(y)
-    return y
+    return all_reduce_sum_(y, group)
 
 
 def basis_from_range(y: torch.Tensor, rank: int) -> torch.Tensor:

@@ -1,0 +1,14 @@
+"""Lightning callbacks of logra_lightning (usable in any Lightning project).
+
+* :class:`KLStepControl` — predicted-KL step control (needs ``kl_probe_logits`` on the module);
+* :class:`LowRankWeightSync` — low-rank weight sync to a rollout engine (``pl_module.engine``);
+* :class:`MemoryMonitor` — memory per phase and exact params/grads/optimizer-state bytes.
+
+They live in ``logra_lightning.callbacks``, not a top-level ``callbacks`` package, which
+would collide with other projects' modules of that name.
+"""
+
+from logra_lightning.callbacks.kl_control import KLStepControl, SupportsKLProbe
+from logra_lightning.callbacks.memory import MemoryMonitor
+
+__all__ = ["KLStepControl", "MemoryMonitor", "SupportsKLProbe"]

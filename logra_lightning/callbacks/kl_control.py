@@ -1,0 +1,432 @@
+"""Predicted-KL step control: scale each optimizer step so the policy moves by about ``target_kl``.
+
+Before the optimizer applies its candidate update Δ, :class:`KLStepControl` predicts the
+per-token ``KL(pi_old || pi_new)`` on a token subsample of the current batch from one
+finite-difference forward pass along Δ (plus one at the current weights for the base
+logits; no backward; DESIGN.md §3, math in :mod:`logra_lightning.kl`), picks
+``eta = clamp(sqrt(target / (K * calibration)), min_scale, max_scale)`` and lets the
+optimizer apply ``eta * Δ``. Every ``measure_every`` steps it measures the realized KL on
+the same tokens and updates the calibration. Run the example:
+``.venv/bin/python examples/kl_control_in_your_project.py``; tests: ``tests/test_kl_control.py``.
+
+What the callback needs from the LightningModule is :class:`SupportsKLProbe`::
+
+    class SupportsKLProbe(Protocol):
+        def kl_probe_logits(self, max_tokens: int) -> torch.Tensor: ...
+
+``kl_probe_logits(max_tokens)`` returns ``[N, V]`` logits (``N <= max_tokens``) of the
+*current step's* batch at a token subsample, computed with the current weights. The module
+must pick the same positions every time it is called within one optimizer step (the
+callback calls it two or three times per step and subtracts the results), and the logits
+must be deterministic (no dropout: call the model in eval mode or with dropout 0).
+The callback calls it under ``torch.no_grad()`` with autocast disabled.
+
+Per optimizer step (hooked on ``on_before_optimizer_step``, which Lightning calls inside
+``optimizer.step()`` after the closure, in automatic and manual optimization alike, and
+on ``Optimizer.register_step_post_hook``, so a module may take several steps per batch):
+
+- **Two-phase optimizers** (:class:`~logra_lightning.optim.LoGRA`: ``prepare_update``,
+  ``update_max_abs``, ``perturb_``, ``set_step_scale``): base logits → ``prepare_update()``
+  → ``eps`` from ``update_max_abs()`` → ``perturb_(eps)`` → probe logits → ``perturb_(-eps)``
+  → ``K`` → ``set_step_scale(eta)``; the optimizer then applies ``eta * Δ``. Extra memory:
+  none beyond the logits (W is perturbed in place; ``update_max_abs`` materializes one
+  matrix's Δ at a time).
+- **Any other optimizer** (e.g. ``torch.optim.AdamW``): snapshot-and-rescale. Before the
+  step, copy every param that has a gradient; let the optimizer step; turn the copy into
+  ``Δ = new - old`` in place; probe at ``old + eps*Δ``; set ``W = old + eta*Δ``.
+  Extra memory: **one copy of the params being trained**, held from just before the step
+  to just after it. The optimizer's moments advance as for the full step (only the
+  applied update is scaled), as they do with LoGRA.
+
+Both paths cost two extra forward passes (base, probe) on ``sample_tokens`` tokens per
+step, plus one (realized) on measured steps; logits are held as two ``[N, V]`` tensors
+(``N=256``, ``V=152k`` in fp32: 0.3 GB), so lower ``sample_tokens`` for large vocabularies.
+
+Departures from DESIGN.md §3, and choices it leaves open:
+
+1. **Calibration rule.** On a measured step with raw prediction ``P = eta**2 * K`` and
+   realized KL ``R``, ``x = log(R / P)`` enters a bias-corrected EMA (rate
+   ``calibration_rate``, like Adam's first moment, so the first measurement is taken whole),
+   and ``calibration = exp(ema)`` clamped to ``calibration_bounds``. Steps whose raw
+   prediction is below ``1e-3 * target_kl`` (too small to say anything about the regime the
+   control acts in) or whose ``R`` or ``P`` is not positive and finite do not update it.
+2. **Data parallelism.** ``max |Δ|`` is max-reduced (FSDP2 ranks hold different shards;
+   ``eps`` must be one number), ``K`` and the realized KL are mean-reduced, so every rank
+   takes the same ``eta`` and keeps the same calibration. Checked with DDP (2 CPU processes,
+   gloo, different data per rank: identical ``eta`` and calibration); not yet run under FSDP2.
+3. **Gradient clipping** runs after ``on_before_optimizer_step``, i.e. after LoGRA's
+   ``prepare_update`` has read the gradients, so it has no effect on a two-phase optimizer
+   (a warning says so). The snapshot path sees the clipped update.
+4. **Metrics are logged once per batch** (``on_train_batch_end``, mean over the optimizer
+   steps of the batch); every step is kept in :attr:`KLStepControl.history` (the last 10,000).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from logra_lightning.kl import (
+    DEFAULT_PROBE_WEIGHT_CHANGE,
+    choose_step_scale,
+    exact_kl,
+    finite_difference_epsilon,
+    softmax_variance_kl,
+)
+
+_TWO_PHASE = ("prepare_update", "update_max_abs", "perturb_", "set_step_scale")
+# Raw predictions below this fraction of the target do not update the calibration.
+_MIN_CALIBRATION_FRACTION = 1e-3
+# Per-step records kept in `history` (each a small dict of floats).
+_HISTORY = 10_000
+
+
+@runtime_checkable
+class SupportsKLProbe(Protocol):
+    """What :class:`KLStepControl` needs from a LightningModule (see the module docstring)."""
+
+    def kl_probe_logits(self, max_tokens: int) -> torch.Tensor:
+        """``[N, V]`` logits, ``N <= max_tokens``, of the current batch at fixed positions and current weights."""
+        ...
+
+
+def is_two_phase(optimizer: Any) -> bool:
+    """Whether ``optimizer`` splits "compute the candidate update" from "apply it with a scale"."""
+    return all(callable(getattr(optimizer, name, None)) for name in _TWO_PHASE)
+
+
+def update_log_calibration(
+    ema: float, count: int, realized: float, predicted_raw: float, rate: float
+) -> tuple[float, int]:
+    """One EMA step of ``log(realized / predicted_raw)``; returns the new ``(ema, count)``.
+
+    The calibration is ``exp(ema / (1 - (1 - rate)**count))`` (bias-corrected, 1 when
+    ``count == 0``); see :func:`calibration_from_ema`.
+
+    Example::
+
+        >>> ema, n = update_log_calibration(0.0, 0, realized=2e-3, predicted_raw=1e-3, rate=0.3)
+        >>> round(calibration_from_ema(ema, n, 0.3, (0.25, 4.0)), 6)  # first measurement taken whole
+        2.0
+    """
+    return (1.0 - rate) * ema + rate * math.log(realized / predicted_raw), count + 1
+
+
+def calibration_from_ema(ema: float, count: int, rate: float, bounds: tuple[float, float]) -> float:
+    """Bias-corrected ``exp(ema)`` clamped to ``bounds``; ``1.0`` before the first measurement."""
+    if count == 0:
+        return 1.0
+    log_c = ema / (1.0 - (1.0 - rate) ** count)
+    return float(min(max(math.exp(log_c), bounds[0]), bounds[1]))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2), else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class KLStepControl(L.Callback):
+    """Scale every optimizer step so its predicted per-token policy KL stays at ``target_kl``.
+
+    Args:
+        target_kl: per-token ``KL(pi_old || pi_new)`` a step may cause (mean over the probed tokens).
+        min_scale: smallest step scale; ``0.0`` lets the control veto a step (also taken
+            when the prediction is NaN/inf).
+        max_scale: largest step scale; ``1.0`` never enlarges the optimizer's update.
+        sample_tokens: tokens passed as ``max_tokens`` to ``kl_probe_logits``.
+        measure_every: measure the realized KL every this many optimizer steps (step 0
+            included); ``0`` never measures (calibration stays 1, saves one forward pass).
+        probe_weight_change: largest per-weight change of the finite-difference probe
+            (see :func:`~logra_lightning.kl.finite_difference_epsilon`).
+        calibration_rate: EMA rate of the calibration, in ``(0, 1]``.
+        calibration_bounds: ``(low, high)`` clamp of the calibration, ``0 < low <= 1 <= high``.
+
+    Raises:
+        ValueError: an argument out of range (the message names the value and the range).
+        MisconfigurationException: in ``setup``, the LightningModule does not implement
+            :class:`SupportsKLProbe`.
+
+    Logged metrics:
+        - ``kl/predicted``: calibrated prediction for the step actually taken,
+          ``eta**2 * K * calibration`` (equals ``target_kl`` unless ``eta`` hit a bound).
+        - ``kl/predicted_unscaled``: calibrated prediction had the full update been
+          applied, ``K * calibration``. The raw quadratic is ``kl/predicted / kl/calibration``.
+        - ``kl/realized``: exact KL on the probed tokens after the step (measured steps only).
+        - ``kl/step_scale``: ``eta``.
+        - ``kl/calibration``: calibration used for this step's prediction.
+
+        Logged in ``on_train_batch_end`` as the mean over the batch's optimizer steps;
+        :attr:`history` keeps one record per step, also with ``predicted_raw`` (``eta**2 * K``)
+        and timings: ``probe_s`` (the prediction's two forward passes), ``measure_s`` (the
+        realized one) and ``control_s`` (all the time the callback adds to the step, both
+        included; LoGRA's ``prepare_update`` is not counted, the step would run it anyway).
+
+    Example::
+
+        >>> from logra_lightning.callbacks.kl_control import KLStepControl
+        >>> control = KLStepControl(target_kl=1e-3, min_scale=0.0, sample_tokens=256, measure_every=10)
+        >>> trainer = L.Trainer(max_steps=100, callbacks=[control])  # doctest: +SKIP
+        >>> trainer.fit(module)  # module implements kl_probe_logits  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target_kl: float,
+        min_scale: float = 0.0,
+        max_scale: float = 1.0,
+        sample_tokens: int = 256,
+        measure_every: int = 10,
+        *,
+        probe_weight_change: float = DEFAULT_PROBE_WEIGHT_CHANGE,
+        calibration_rate: float = 0.3,
+        calibration_bounds: tuple[float, float] = (0.25, 4.0),
+    ) -> None:
+        if not (math.isfinite(target_kl) and target_kl > 0):
+            raise ValueError(f"Invalid target_kl: {target_kl} (must be a finite number > 0)")
+        if not (math.isfinite(max_scale) and max_scale > 0):
+            raise ValueError(f"Invalid max_scale: {max_scale} (must be a finite number > 0)")
+        if not (0.0 <= min_scale <= max_scale):
+            raise ValueError(f"Invalid min_scale: {min_scale} (must be in [0, max_scale={max_scale}])")
+        if isinstance(sample_tokens, bool) or not (isinstance(sample_tokens, int) and sample_tokens >= 1):
+            raise ValueError(f"Invalid sample_tokens: {sample_tokens} (must be an int >= 1)")
+        if isinstance(measure_every, bool) or not (isinstance(measure_every, int) and measure_every >= 0):
+            raise ValueError(f"Invalid measure_every: {measure_every} (must be an int >= 0; 0 never measures)")
+        if not (math.isfinite(probe_weight_change) and probe_weight_change > 0):
+            raise ValueError(f"Invalid probe_weight_change: {probe_weight_change} (must be a finite number > 0)")
+        if not (0.0 < calibration_rate <= 1.0):
+            raise ValueError(f"Invalid calibration_rate: {calibration_rate} (must be in (0, 1])")
+        lo, hi = calibration_bounds
+        if not (0.0 < lo <= 1.0 <= hi < math.inf):
+            raise ValueError(f"Invalid calibration_bounds: {calibration_bounds} (need 0 < low <= 1 <= high < inf)")
+        self.target_kl = float(target_kl)
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.sample_tokens = sample_tokens
+        self.measure_every = measure_every
+        self.probe_weight_change = float(probe_weight_change)
+        self.calibration_rate = float(calibration_rate)
+        self.calibration_bounds = (float(lo), float(hi))
+        self.history: deque[dict[str, Any]] = deque(maxlen=_HISTORY)
+        self._steps = 0  # optimizer steps controlled so far (resumable)
+        self._log_cal_ema = 0.0
+        self._num_measurements = 0
+        self._pending: dict[int, dict[str, Any]] = {}  # id(optimizer) -> this step's state
+        self._batch_records: list[dict[str, Any]] = []
+        self._hooked: dict[int, Any] = {}  # id(optimizer) -> post-hook handle
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(target_kl=self.target_kl)
+
+    @property
+    def calibration(self) -> float:
+        """Running realized/predicted ratio applied to the next prediction."""
+        return calibration_from_ema(
+            self._log_cal_ema, self._num_measurements, self.calibration_rate, self.calibration_bounds
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self._steps,
+            "log_calibration_ema": self._log_cal_ema,
+            "num_measurements": self._num_measurements,
+            "calibration": self.calibration,  # for readers of the checkpoint; derived on load
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._steps = int(state_dict["steps"])
+        self._log_cal_ema = float(state_dict["log_calibration_ema"])
+        self._num_measurements = int(state_dict["num_measurements"])
+
+    # ---------------------------------------------------------------- helpers
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(msg)
+
+    def _probe(self, pl_module: L.LightningModule, record: dict[str, Any], timer: str = "probe_s") -> torch.Tensor:
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast(device_type=pl_module.device.type, enabled=False):
+            logits = pl_module.kl_probe_logits(self.sample_tokens)
+        if not (torch.is_tensor(logits) and logits.dim() == 2 and logits.shape[0] <= self.sample_tokens):
+            shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
+            raise ValueError(
+                f"{type(pl_module).__name__}.kl_probe_logits({self.sample_tokens}) must return [N, V] logits "
+                f"with N <= {self.sample_tokens}, got {shape}"
+            )
+        base = record.get("base")
+        if base is not None and logits.shape != base.shape:
+            raise RuntimeError(
+                f"kl_probe_logits returned shapes {tuple(base.shape)} and then {tuple(logits.shape)} within one "
+                "optimizer step; it must return the same token positions each time it is called within a step"
+            )
+        record[timer] += time.perf_counter() - start
+        return logits.detach()
+
+    def _reduce(self, trainer: L.Trainer, pl_module: L.LightningModule, value: float, op: str) -> float:
+        if trainer.world_size <= 1:
+            return float(value)
+        t = torch.tensor(float(value), dtype=torch.float64, device=pl_module.device)
+        return float(trainer.strategy.reduce(t, reduce_op=op))
+
+    def _predict(self, trainer, pl_module, record: dict[str, Any], max_abs: float, perturb: Callable[[float], None]):
+        """``K`` from one finite-difference probe along Δ; ``perturb(a)`` moves W by ``a * Δ``."""
+        eps = finite_difference_epsilon(self._reduce(trainer, pl_module, max_abs, "max"), self.probe_weight_change)
+        K = 0.0
+        if eps > 0.0:
+            perturb(eps)
+            try:
+                probe = self._probe(pl_module, record)
+            finally:
+                perturb(-eps)
+            base = record["base"]
+            K = float(softmax_variance_kl(base, (probe.double() - base.double()) / eps))
+        K = self._reduce(trainer, pl_module, K, "mean")
+        c = self.calibration
+        eta = choose_step_scale(K, self.target_kl, self.min_scale, self.max_scale, c)
+        record.update(K=K, calibration=c, eta=eta)
+        return eta
+
+    def _hook(self, optimizer: torch.optim.Optimizer, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if id(optimizer) in self._hooked:
+            return
+
+        def post_step(opt, args, kwargs):
+            self._after_step(trainer, pl_module, opt)
+
+        self._hooked[id(optimizer)] = optimizer.register_step_post_hook(post_step)
+
+    # ------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not isinstance(pl_module, SupportsKLProbe):
+            raise MisconfigurationException(
+                f"`KLStepControl` needs the LightningModule to implement `kl_probe_logits(max_tokens: int) -> Tensor` "
+                f"([N, V] logits of the current batch at fixed token positions, see `SupportsKLProbe` in "
+                f"logra_lightning.callbacks.kl_control); {type(pl_module).__name__} does not."
+            )
+        controls = [cb for cb in trainer.callbacks if isinstance(cb, KLStepControl)]
+        if len(controls) > 1:
+            raise MisconfigurationException(
+                f"Found {len(controls)} `KLStepControl` callbacks (target_kl="
+                f"{', '.join(f'{cb.target_kl:g}' for cb in controls)}); each would rescale the same optimizer "
+                "steps. Please keep one."
+            )
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        start = time.perf_counter()
+        opt = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer, if handed one
+        self._hook(opt, trainer, pl_module)
+        self._pending.pop(id(opt), None)  # a step skipped after its hook (e.g. AMP inf) left stale state
+        two_phase = is_two_phase(opt)
+        if two_phase and trainer.gradient_clip_val:
+            self._warn_once(
+                "clip", "KLStepControl: gradient clipping runs after `on_before_optimizer_step`, where the two-phase "
+                f"optimizer {type(opt).__name__} has already read the gradients, so it has no effect. Set "
+                "gradient_clip_val=None, or rely on the KL control to bound the step.",
+            )  # fmt: skip
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if any(p.dtype not in (torch.float32, torch.float64) for p in params):
+            self._warn_once(
+                "dtype", "KLStepControl: some params are not fp32; a probe step of "
+                f"{self.probe_weight_change:g} per weight may round away. Keep fp32 master weights "
+                "(e.g. precision='bf16-mixed') or raise probe_weight_change.",
+            )  # fmt: skip
+        record: dict[str, Any] = {"step": self._steps, "two_phase": two_phase}
+        record.update(probe_s=0.0, measure_s=0.0, control_s=0.0)
+        record["measure"] = self.measure_every > 0 and self._steps % self.measure_every == 0
+        record["base"] = self._probe(pl_module, record)
+        if two_phase:
+            prepare_start = time.perf_counter()
+            opt.prepare_update()
+            start += time.perf_counter() - prepare_start  # the optimizer's own work, not the control's
+            eta = self._predict(trainer, pl_module, record, opt.update_max_abs(), opt.perturb_)
+            opt.set_step_scale(eta)
+        else:
+            record["snapshot"] = [(p, _local(p).detach().clone()) for p in params if p.grad is not None]
+        record["control_s"] += time.perf_counter() - start
+        self._pending[id(opt)] = record
+
+    @torch.no_grad()
+    def _after_step(self, trainer: L.Trainer, pl_module: L.LightningModule, opt: torch.optim.Optimizer) -> None:
+        start = time.perf_counter()
+        record = self._pending.pop(id(opt), None)
+        if record is None:
+            return  # a step outside fit, or one the hook did not see
+        if not record["two_phase"]:
+            snapshot = record.pop("snapshot")
+            for p, old in snapshot:
+                torch.sub(_local(p), old, out=old)  # old <- Δ = new - old; W stays at old + 1*Δ
+            state = [1.0]  # W = old + state * Δ
+
+            def move(alpha: float) -> None:  # to old + (state + alpha) * Δ
+                for p, delta in snapshot:
+                    _local(p).add_(delta, alpha=alpha)
+                state[0] += alpha
+
+            max_abs = max((float(d.abs().max()) for _, d in snapshot), default=0.0)
+            move(-1.0)  # to old; the probe below runs at old + eps * Δ
+            try:
+                self._predict(trainer, pl_module, record, max_abs, move)
+            finally:
+                move(record.get("eta", 1.0) - state[0])
+            del snapshot
+        K, c, eta = record["K"], record["calibration"], record["eta"]
+        record.update(predicted=eta * eta * K * c, predicted_raw=eta * eta * K, predicted_unscaled=K * c, realized=None)
+        if record["measure"]:
+            after = self._probe(pl_module, record, "measure_s")
+            realized = self._reduce(trainer, pl_module, float(exact_kl(record["base"], after)), "mean")
+            record["realized"] = realized
+            raw = record["predicted_raw"]
+            ok = all(math.isfinite(v) and v > 0 for v in (realized, raw))
+            if ok and raw >= _MIN_CALIBRATION_FRACTION * self.target_kl:
+                self._log_cal_ema, self._num_measurements = update_log_calibration(
+                    self._log_cal_ema, self._num_measurements, realized, raw, self.calibration_rate
+                )
+        del record["base"]
+        record["control_s"] += time.perf_counter() - start
+        self._steps += 1
+        self.history.append(record)
+        self._batch_records.append(record)
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        records, self._batch_records = self._batch_records, []
+        if not records:
+            return
+        n = len(records)
+        metrics = {
+            "kl/predicted": sum(r["predicted"] for r in records) / n,
+            "kl/predicted_unscaled": sum(r["predicted_unscaled"] for r in records) / n,
+            "kl/step_scale": sum(r["eta"] for r in records) / n,
+            "kl/calibration": sum(r["calibration"] for r in records) / n,
+        }
+        measured = [r["realized"] for r in records if r["realized"] is not None]
+        if measured:
+            metrics["kl/realized"] = sum(measured) / len(measured)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for handle in self._hooked.values():
+            handle.remove()
+        self._hooked.clear()
+        self._pending.clear()
+        self._batch_records.clear()
