@@ -6,7 +6,14 @@ callbacks in :mod:`logra_lightning.callbacks` (predicted-KL step control, low-ra
 weight sync to vLLM, memory monitoring). ``logra fit --config ...`` runs them.
 """
 
-from logra_lightning.module import PolicyGradientModule
-
 __version__ = "0.1.0"
 __all__ = ["PolicyGradientModule", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy: `logra plan` and the pure-math modules should not pay for importing Lightning.
+    if name == "PolicyGradientModule":
+        from logra_lightning.module import PolicyGradientModule
+
+        return PolicyGradientModule
+    raise AttributeError(f"module 'logra_lightning' has no attribute {name!r}")

@@ -1,0 +1,279 @@
+"""`logra plan` against measurements: exact bytes and peak memory, AdamW vs LoGRA, three model sizes.
+
+Run (full: ~25M / ~100M / ~400M Qwen2-shaped models, 12 rows, each measured under two allocator
+settings; about 30-40 min on 2 quiet cores, most of it the ~400M rows):
+
+    .venv/bin/python benchmarks/plan_vs_measured.py
+    .venv/bin/python benchmarks/plan_vs_measured.py --quick    # ~1M / 5M / 13M, live bytes only, ~1 min
+
+Every row (size x optimizer x activation checkpointing) runs in its own subprocess, measured
+the way ``benchmarks/optimizer_memory.py`` measures (same Qwen2 conventions: tied embeddings,
+fp32, ``use_cache=False``; VmRSS before the model is built is the baseline, and the kernel's
+high-water mark VmHWM over model build + all steps is the peak). Before the baseline, one step
+of a throwaway 2-layer model loads the code, kernels and autograd threads that the first step
+would otherwise add (~20-35 MB whatever the model size, the CPU analogue of a CUDA context).
+The step is RL-shaped: full
+logits, ``grpo.gather_logprobs`` (fp32 log-softmax), a policy-gradient loss, backward,
+``opt.step()``, with the logits held until the step ends, which is what the planner models.
+
+Compared per row (errors are ``predicted / measured - 1``):
+
+* ``exact``: parameters, gradients alive after the first backward and optimizer state after a
+  step, summed over the real tensors, against :func:`logra_lightning.plan.plan_optimizer`
+  (target: within 2%);
+* ``peak``: the planner's peak (one process, no FSDP, ``--adamw-impl for-loop``, the CPU
+  default, no reserve) against the measured peak RSS increase (target: within 20%), once with
+  RSS following live tensor bytes (``live``) and once with the default allocators (``default``,
+  allocator slack included; see ``MALLOC``).
+
+Results go to ``benchmarks/results/plan_vs_measured[_quick].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FULL = {
+    "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
+    "100m": dict(vocab=32000, hidden=768, layers=12, intermediate=2048, heads=12, kv_heads=4),
+    "400m": dict(vocab=32000, hidden=1280, layers=20, intermediate=3456, heads=20, kv_heads=4),
+}
+QUICK = {  # small enough for ~1 min, large enough that fixed allocator overheads stay small
+    "1m": dict(vocab=4096, hidden=128, layers=2, intermediate=352, heads=2, kv_heads=1),
+    "5m": dict(vocab=8192, hidden=256, layers=4, intermediate=704, heads=4, kv_heads=2),
+    "13m": dict(vocab=16384, hidden=384, layers=4, intermediate=1024, heads=6, kv_heads=2),
+}
+RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=1, threads=2),
+       "quick": dict(seq=64, batch=2, rank=8, warmup=1, steps=1, threads=1)}  # fmt: skip
+OPTIMIZERS = ("adamw", "logra")
+# Each row is measured twice. "live": glibc serves every allocation >= 64 KiB with mmap and
+# returns it to the OS when freed, and MKL's buffer cache is off, so RSS follows live tensor
+# bytes (the quantity the planner models, like torch.cuda.max_memory_allocated). "default": the
+# allocators as benchmarks/optimizer_memory.py runs them; freed heap chunks stay resident and
+# MKL keeps its GEMM buffers (19 MB on the 25M model, measured), on top of the tensors.
+MALLOC = {"live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}, "default": {}}
+MALLOC_DOC = {"live": "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1: RSS tracks live tensor bytes",
+              "default": "default glibc malloc and MKL (as optimizer_memory.py): includes allocator slack"}  # fmt: skip
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    for line in open("/proc/self/status"):
+        if line.startswith(("VmRSS", "VmHWM")):
+            key, val = line.split(":")
+            out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _config_dict(shape: dict, seq: int) -> dict:
+    return dict(model_type="qwen2", vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+                num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                max_position_embeddings=seq, tie_word_embeddings=True)  # fmt: skip
+
+
+def _exact_bytes(model, opt) -> tuple[int, int, int]:
+    """(params, live grads, optimizer state) summed over the real tensors."""
+    try:
+        from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
+
+        return param_bytes(model), grad_bytes(model), optimizer_state_bytes(opt)
+    except ImportError:  # before optim/accounting.py exists: the same sums
+        import torch
+
+        params = list({id(p): p for p in model.parameters()}.values())
+        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+        state = sum(nbytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+        return sum(map(nbytes, params)), sum(nbytes(p.grad) for p in params if p.grad is not None), state
+
+
+def _rl_step(model, opt, ids, adv) -> int:
+    """One RL-shaped training step; returns the bytes of gradients alive after backward."""
+    from logra_lightning.grpo import gather_logprobs
+
+    logits = model(input_ids=ids).logits  # [B, T, V], held until the step ends
+    logp = gather_logprobs(logits[:, :-1], ids[:, 1:])  # [B, T-1]
+    (-(logp * adv).mean()).backward()
+    grads = _exact_bytes(model, opt)[1]
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return grads
+
+
+def _warm_up_runtime(optimizer: str) -> None:
+    """One step of a throwaway 2-layer model, so lazily loaded code, kernels and autograd threads
+    (~20-35 MB, independent of the model size) are in the baseline, as a CUDA context would be."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from logra_lightning.optim import LoGRA, logra_param_groups
+
+    for ckpt in (False, True):
+        cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+                          tie_word_embeddings=True, use_cache=False)  # fmt: skip
+        model = Qwen2ForCausalLM(cfg)
+        if ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        opt = (torch.optim.AdamW(model.parameters()) if optimizer == "adamw"
+               else LoGRA(logra_param_groups(model, rank=4), lr=1e-5))  # fmt: skip
+        ids = torch.randint(0, 64, (2, 16))
+        _rl_step(model, opt, ids, torch.randn(2, 15))
+        del model, opt
+
+
+def worker(size: str, optimizer: str, ckpt: bool, shape: dict, run: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(run["threads"])
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from logra_lightning.optim import LoGRA, logra_param_groups
+
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, shape["vocab"], (run["batch"], run["seq"]), generator=gen)
+            for _ in range(run["warmup"] + run["steps"])]  # fmt: skip
+    adv = torch.randn(run["batch"], run["seq"] - 1, generator=gen)
+    _warm_up_runtime(optimizer)
+    gc.collect()
+    _reset_peak()
+    rss_before = _status()["VmRSS"]
+    cfg = {k: v for k, v in _config_dict(shape, run["seq"]).items() if k != "model_type"}
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**cfg, use_cache=False))
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    else:
+        opt = LoGRA(logra_param_groups(model, rank=run["rank"], update_proj_gap=200), lr=1e-5)
+    grads, times = [], []
+    for ids in data:
+        t0 = time.perf_counter()
+        grads.append(_rl_step(model, opt, ids, adv))
+        times.append(time.perf_counter() - t0)
+    params, _, state = _exact_bytes(model, opt)
+    return {"param_bytes": params, "grad_bytes_after_backward": grads[0], "optimizer_state_bytes": state,
+            "rss_before_model_bytes": rss_before, "train_peak_bytes": _status()["VmHWM"] - rss_before,
+            "step_time_s": times}  # fmt: skip
+
+
+def predict(shape: dict, run: dict, optimizer: str, ckpt: bool) -> dict:
+    from logra_lightning.model_shapes import architecture_from_config
+    from logra_lightning.plan import PlanSetup, plan_optimizer
+
+    arch = architecture_from_config(_config_dict(shape, run["seq"]), name="bench")
+    setup = PlanSetup(gpus=1, gpu_memory_gb=1024, rank=run["rank"], batch=run["batch"], seq_len=run["seq"],
+                      precision="fp32", activation_checkpointing=ckpt, adamw_impl="for-loop", reserve_gb=0)  # fmt: skip
+    out = plan_optimizer(arch, setup, optimizer)
+    b = out["phases"]["optimizer_step"]
+    return {"params_m": arch.num_params() / 1e6, "param_bytes": b["params"], "grad_bytes": b["grads"],
+            "optimizer_state_bytes": b["optimizer_state"], "peak_bytes": out["peak_bytes"],
+            "peak_phase": out["peak_phase"], "peak_breakdown": out["breakdown"]}  # fmt: skip
+
+
+def compare(pred: dict, meas: dict) -> dict:
+    """``predicted / measured - 1`` for the exact sums and the peak."""
+    err = lambda p, m: (p / m - 1) if m else (0.0 if p == 0 else float("inf"))  # noqa: E731
+    exact_p = pred["param_bytes"] + pred["grad_bytes"] + pred["optimizer_state_bytes"]
+    exact_m = meas["param_bytes"] + meas["grad_bytes_after_backward"] + meas["optimizer_state_bytes"]
+    return {
+        "params": err(pred["param_bytes"], meas["param_bytes"]),
+        "grads": err(pred["grad_bytes"], meas["grad_bytes_after_backward"]),
+        "optimizer_state": err(pred["optimizer_state_bytes"], meas["optimizer_state_bytes"]),
+        "params_grads_state": err(exact_p, exact_m),
+        "peak": err(pred["peak_bytes"], meas["train_peak_bytes"]),
+    }
+
+
+def _run_worker(size: str, opt_name: str, ckpt: bool, malloc: str, quick: bool) -> tuple[dict | None, str]:
+    out = ROOT / "benchmarks" / "results" / f".plan_worker_{size}_{opt_name}_{int(ckpt)}_{malloc}.json"
+    cmd = [sys.executable, __file__, "--worker", size, opt_name, str(int(ckpt)), "--worker-out", str(out)]
+    env = dict(os.environ, **MALLOC[malloc])
+    proc = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True, env=env)
+    if not out.exists():
+        return None, f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
+    row = json.loads(out.read_text())
+    out.unlink()
+    return row, ""
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="~1M / 5M / 13M shapes, live-bytes allocator only, ~1 min")
+    ap.add_argument("--sizes", nargs="*", default=None, help="subset of the size names")
+    ap.add_argument("--worker", nargs=3, default=None, metavar=("SIZE", "OPT", "CKPT"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    sizes, run = (QUICK, RUN["quick"]) if args.quick else (FULL, RUN["full"])
+    if args.worker:
+        size, opt_name, ckpt = args.worker
+        row = worker(size, opt_name, ckpt == "1", sizes[size], run)
+        Path(args.worker_out).write_text(json.dumps(row))
+        return
+    (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
+    mallocs = ("live",) if args.quick else tuple(MALLOC)
+    rows = []
+    for size in args.sizes or list(sizes):
+        for ckpt in (True,) if args.quick else (True, False):
+            for opt_name in OPTIMIZERS:
+                t0 = time.perf_counter()
+                pred = predict(sizes[size], run, opt_name, ckpt)
+                row = {"size": size, "optimizer": opt_name, "activation_checkpointing": ckpt, "shape": sizes[size],
+                       "predicted": pred, "measured": {}, "error": {}}  # fmt: skip
+                for malloc in mallocs:
+                    meas, failure = _run_worker(size, opt_name, ckpt, malloc, args.quick)
+                    if meas is None:
+                        row.setdefault("failed", {})[malloc] = failure
+                        continue
+                    row["measured"][malloc], row["error"][malloc] = meas, compare(pred, meas)
+                row["wall_s"] = time.perf_counter() - t0
+                rows.append(row)
+                errs = "  ".join(f"{m}: exact {e['params_grads_state']:+.2%} peak {e['peak']:+.2%}"
+                                 for m, e in row["error"].items())  # fmt: skip
+                print(f"{size:>6} {opt_name:>5} ckpt={int(ckpt)}  {errs or row.get('failed')}  ({row['wall_s']:.0f}s)",
+                      flush=True)  # fmt: skip
+    import torch
+
+    errors = [(m, e) for r in rows for m, e in r["error"].items()]
+    result = {
+        "command": "python benchmarks/plan_vs_measured.py" + (" --quick" if args.quick else ""),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch": torch.__version__, "python": platform.python_version(), "torch_threads": run["threads"]},
+        "run": {**run, "dtype": "float32", "tie_word_embeddings": True, "loss": "gather_logprobs policy gradient"},
+        "targets": {"params_grads_state_abs_error_max": 0.02, "peak_abs_error_max": 0.20},
+        "allocators": {m: MALLOC_DOC[m] for m in mallocs},
+        "summary": {
+            "max_abs_error_params_grads_state": max((abs(e["params_grads_state"]) for _, e in errors), default=None),
+            **{f"max_abs_error_peak_{m}": max((abs(e["peak"]) for n, e in errors if n == m), default=None)
+               for m in mallocs},
+            "failed_rows": sum("failed" in r for r in rows),
+        },
+        "rows": rows,
+    }  # fmt: skip
+    path = ROOT / "benchmarks" / "results" / ("plan_vs_measured_quick.json" if args.quick else "plan_vs_measured.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

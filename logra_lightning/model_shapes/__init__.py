@@ -1,0 +1,233 @@
+"""Architecture shapes for ``logra plan``: the fields of a decoder-only transformer that decide its memory.
+
+The JSON files beside this module are architecture fields only (a few KB, no weights), so
+``logra plan --model gemma-3-27b`` answers offline:
+
+* ``qwen2.5-0.5b``: Qwen/Qwen2.5-0.5B (494M params, tied embeddings);
+* ``qwen2.5-7b``: Qwen/Qwen2.5-7B (7.62B, untied lm_head);
+* ``gemma-3-27b``: the text decoder of google/gemma-3-27b-it (27.0B; its ~0.4B vision tower
+  is not part of the shape), the likely "27B" of the LoGRA paper.
+
+:func:`load_architecture` also reads a local HF directory or ``config.json``, or a hub
+``org/name`` through ``transformers.AutoConfig`` when the hub is reachable. Parameter counts
+are tested against the real HF models in ``tests/test_plan.py``.
+
+Example::
+
+    >>> arch = load_architecture("qwen2.5-7b")
+    >>> round(arch.num_params() / 1e9, 2), arch.num_kv_heads
+    (7.62, 4)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from logra_lightning.errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", "gemma3_text")
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# Fields that look like they change the shape but that this model does not know: refuse rather
+# than under-count (mixture-of-experts, latent attention, linear attention, ...).
+_SHAPE_LIKE = re.compile(r"^num_|^n_|_size$|_dim$|_rank$|expert|_layers$")
+_KNOWN_FIELDS = frozenset({
+    *_REQUIRED, "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias",
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "sliding_window_pattern",
+    "_sliding_window_pattern", "max_position_embeddings", "chunk_size_feed_forward", "query_pre_attn_scalar",
+})  # fmt: skip
+
+
+class ShapeError(ConfigError):
+    """A model config is missing a field, has a bad value, or a shape this planner does not model."""
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """``count`` weight matrices ``[rows, cols]`` (out x in), in the FSDP2 ``unit`` "root" or "layer"."""
+
+    name: str
+    rows: int
+    cols: int
+    count: int
+    unit: str
+    embedding: bool = False
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The shape fields of a decoder-only transformer that decide its memory."""
+
+    name: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    post_norms: bool  # Gemma: RMSNorm also after attention and after the MLP (4 per layer)
+    gemma_norm: bool  # Gemma's RMSNorm keeps its normalized input in fp32 for ``(1 + w)``
+    layer_windows: tuple[int | None, ...]  # None: full attention; else the sliding window
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def matrices(self) -> list[Matrix]:
+        h, i, q, kv, layers = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim, self.num_layers
+        out = [Matrix("model.embed_tokens.weight", self.vocab_size, h, 1, "root", embedding=True)]
+        if not self.tie_word_embeddings:
+            out.append(Matrix("lm_head.weight", self.vocab_size, h, 1, "root"))
+        for name, rows, cols in (("self_attn.q_proj", q, h), ("self_attn.k_proj", kv, h), ("self_attn.v_proj", kv, h),
+                                 ("self_attn.o_proj", h, q), ("mlp.gate_proj", i, h), ("mlp.up_proj", i, h),
+                                 ("mlp.down_proj", h, i)):  # fmt: skip
+            out.append(Matrix(f"model.layers.*.{name}.weight", rows, cols, layers, "layer"))
+        return out
+
+    def vectors(self) -> list[tuple[str, int, int, str]]:
+        """1-D params as ``(name, size, count, unit)``: biases and norm weights (dense AdamW in LoGRA)."""
+        h, i, q, kv, layers = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim, self.num_layers
+        sizes = [("norm", h)] * (4 if self.post_norms else 2)
+        if self.qkv_bias:
+            sizes += [("q_proj.bias", q), ("k_proj.bias", kv), ("v_proj.bias", kv)]
+        if self.o_bias:
+            sizes.append(("o_proj.bias", h))
+        if self.mlp_bias:
+            sizes += [("gate_proj.bias", i), ("up_proj.bias", i), ("down_proj.bias", h)]
+        if self.qk_norm:
+            sizes += [("q_norm", self.head_dim), ("k_norm", self.head_dim)]
+        out = [(f"model.layers.*.{n}", s, layers, "layer") for n, s in sizes]
+        return out + [("model.norm.weight", h, 1, "root")]
+
+    def num_params(self) -> int:
+        return sum(m.rows * m.cols * m.count for m in self.matrices()) + sum(s * c for _, s, c, _ in self.vectors())
+
+    def unit_params(self, unit: str) -> int:
+        """Elements of one FSDP2 unit: the root (embeddings, lm_head, final norm) or one decoder layer."""
+        per = sum(m.rows * m.cols for m in self.matrices() if m.unit == unit)
+        return per + sum(s for _, s, _, u in self.vectors() if u == unit)
+
+    def min_matrix_dim(self) -> tuple[int, Matrix]:
+        m = min(self.matrices(), key=lambda x: min(x.rows, x.cols))
+        return min(m.rows, m.cols), m
+
+
+def _int_field(cfg: dict, key: str, default: Any = None) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        raise ShapeError(f"config field {key!r} is missing (needed to size the model)")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ShapeError(f"config field {key}={value!r} must be a positive integer")
+    return value
+
+
+def _layer_windows(cfg: dict, model_type: str, layers: int) -> tuple[int | None, ...]:
+    window = cfg.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return (None,) * layers
+    types = cfg.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise ShapeError(f"config field layer_types has {len(types)} entries, num_hidden_layers={layers}")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if model_type == "gemma3_text":
+        pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+        return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
+    if model_type in ("qwen2", "qwen3"):
+        first = cfg.get("max_window_layers", layers)
+        return tuple(window if i >= first else None for i in range(layers))
+    return (window,) * layers
+
+
+def architecture_from_config(cfg: dict, name: str = "config") -> Architecture:
+    """Parse an HF ``config.json`` dict (architecture fields only are read).
+
+    Raises:
+        ShapeError: missing ``model_type`` or a required field, a non-positive size, an
+            unsupported ``model_type``, or a shape field this planner does not model (e.g. ``num_experts``).
+    """
+    if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrapper: plan the text decoder
+        cfg = {"model_type": cfg.get("model_type", "") + "_text", **cfg["text_config"]}
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ShapeError(f"config field 'model_type' is missing (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ShapeError(f"config field model_type={model_type!r} is not supported "
+                         f"(allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")  # fmt: skip
+    for key, value in cfg.items():
+        if _SHAPE_LIKE.search(key) and key not in _KNOWN_FIELDS and value not in (None, 0, False, [], {}):
+            raise ShapeError(f"unknown architecture field {key}={value!r} in the config: this planner models dense "
+                             f"decoder layers only and would under-count it")  # fmt: skip
+    heads = _int_field(cfg, "num_attention_heads")
+    hidden = _int_field(cfg, "hidden_size")
+    kv_heads = _int_field(cfg, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ShapeError(f"config field num_key_value_heads={kv_heads} must divide num_attention_heads={heads}")
+    if cfg.get("head_dim") is None and hidden % heads:
+        raise ShapeError(f"config field hidden_size={hidden} is not divisible by num_attention_heads={heads}; "
+                         "give head_dim explicitly")  # fmt: skip
+    layers = _int_field(cfg, "num_hidden_layers")
+    attention_bias = bool(cfg.get("attention_bias", False))
+    return Architecture(
+        name=name, model_type=model_type, vocab_size=_int_field(cfg, "vocab_size"), hidden_size=hidden,
+        intermediate_size=_int_field(cfg, "intermediate_size"), num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=_int_field(cfg, "head_dim", hidden // heads),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "gemma3_text")),
+        qkv_bias=model_type == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases
+        o_bias=model_type != "qwen2" and attention_bias, mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=model_type in ("qwen3", "gemma3_text"), post_norms=model_type == "gemma3_text",
+        gemma_norm=model_type == "gemma3_text",
+        layer_windows=_layer_windows(cfg, model_type, layers),
+    )  # fmt: skip
+
+
+def shipped_shapes() -> list[str]:
+    """Short names of the shapes in ``logra_lightning/model_shapes`` (``--model qwen2.5-7b``)."""
+    folder = resources.files(__package__)
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_architecture(model: str) -> Architecture:
+    """A shipped shape name, a local HF directory / config JSON, or a hub ``org/name`` (needs the hub)."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ShapeError(f"--model {model!r} is a directory without config.json")
+    if path.is_file():
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ShapeError(f"--model {model!r}: {path} is not valid JSON ({e})") from None
+        return architecture_from_config(cfg, name=str(model))
+    if model in shipped_shapes():
+        text = resources.files(__package__).joinpath(f"{model}.json").read_text()
+        return architecture_from_config(json.loads(text), name=model)
+    if "/" not in model or model.startswith((".", "/")):
+        raise ShapeError(f"--model {model!r} is not a shipped shape ({', '.join(shipped_shapes())}), "
+                         "a local directory or a config JSON file")  # fmt: skip
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(model).to_dict()
+    except Exception as e:  # offline, gated, or not a model
+        raise ShapeError(f"--model {model!r}: could not read its config from the hub ({type(e).__name__}: {e}); "
+                         "pass a local config.json or a shipped shape instead") from None  # fmt: skip
+    return architecture_from_config(cfg, name=model)

@@ -1,0 +1,266 @@
+"""`logra plan`: its formulas against real tensors, the CLI, and its error messages.
+
+The exact-accounting tests build small real HF models from configs, take one real step with
+``torch.optim.AdamW`` or LoGRA, and compare the planner's parameter / gradient / optimizer-state
+bytes with the sums over the actual tensors (target 2%; they agree to the byte), on one process
+and per rank on a real 2-process FSDP2 run (gloo, ~10 s). Saved activations are counted tensor
+by tensor with ``saved_tensors_hooks``. Peak memory against measured RSS lives in
+``benchmarks/plan_vs_measured.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from logra_lightning.model_shapes import architecture_from_config, load_architecture, shipped_shapes
+from logra_lightning.optim import LoGRA, logra_param_groups
+from logra_lightning.plan import PlanError, PlanSetup, main, plan, plan_optimizer, saved_activation_bytes
+
+BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+FAMILIES = {
+    "qwen2_tied": dict(BASE, model_type="qwen2", tie_word_embeddings=True),
+    "qwen2_untied": dict(BASE, model_type="qwen2", tie_word_embeddings=False),
+    "llama_biases": dict(BASE, model_type="llama", attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
+    "qwen3_head_dim": dict(BASE, model_type="qwen3", head_dim=32, tie_word_embeddings=True),
+    "mistral_window": dict(BASE, model_type="mistral", sliding_window=16, tie_word_embeddings=False),
+    "gemma3_text": dict(BASE, model_type="gemma3_text", head_dim=16, sliding_window=16, tie_word_embeddings=True),
+}
+
+
+def _build(cfg: dict, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(cfg["model_type"], **kwargs, use_cache=False)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype).train()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: 1 thread is much faster on the shared 2 cores
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------ shapes vs real models
+@pytest.mark.parametrize("family", FAMILIES)
+def test_param_count_and_lowrank_split_match_the_real_model(family):
+    cfg = FAMILIES[family]
+    model = _build(cfg)
+    arch = architecture_from_config(cfg)
+    assert arch.num_params() == sum(p.numel() for p in model.parameters())
+    lowrank = [g for g in logra_param_groups(model, rank=4) if g.get("rank")]
+    got = sorted(tuple(p.shape) for g in lowrank for p in g["params"])
+    want = sorted((m.rows, m.cols) for m in arch.matrices() for _ in range(m.count))
+    assert got == want
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "logra"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
+@pytest.mark.parametrize("family", ["qwen2_tied", "qwen2_untied", "llama_biases"])
+def test_param_grad_state_bytes_match_tensors_after_a_real_step(optimizer, precision, family):
+    cfg = FAMILIES[family]
+    model = _build(cfg, torch.bfloat16 if precision == "bf16-true" else torch.float32)
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        opt = LoGRA(logra_param_groups(model, rank=8, update_proj_gap=10), lr=1e-3)
+    ids = torch.randint(0, cfg["vocab_size"], (2, 16))
+    logits = model(input_ids=ids).logits
+    torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).mean().backward()
+    params = list(model.parameters())
+    grads = sum(_nbytes(p.grad) for p in params if p.grad is not None)
+    opt.step()
+    state = sum(_nbytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+
+    setup = PlanSetup(gpus=1, rank=8, batch=2, seq_len=16, precision=precision, reserve_gb=0)
+    pred = plan_optimizer(architecture_from_config(cfg), setup, optimizer)["phases"]["optimizer_step"]
+    assert pred["params"] == pytest.approx(sum(map(_nbytes, params)), rel=0.02)
+    assert pred["grads"] == pytest.approx(grads, rel=0.02)
+    assert pred["optimizer_state"] == pytest.approx(state, rel=0.02)
+    if optimizer == "logra":  # low-rank gradients were sketched and freed in backward
+        assert grads < 0.05 * sum(map(_nbytes, params))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
+@pytest.mark.parametrize("family", ["qwen2_tied", "qwen3_head_dim", "gemma3_text"])
+def test_saved_activation_formula_matches_autograd(precision, family):
+    """Every tensor autograd saves in forward (no checkpointing), counted once per storage."""
+    cfg = FAMILIES[family]
+    model = _build(cfg, torch.bfloat16 if precision == "bf16-true" else torch.float32)
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in param_ptrs:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    batch, seq = 2, 32
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+    setup = PlanSetup(batch=batch, seq_len=seq, precision=precision)
+    arch = architecture_from_config(cfg)
+    predicted = saved_activation_bytes(arch, setup, checkpointing=False)
+    predicted += batch * seq * 4 * cfg["vocab_size"]  # the saved fp32 log-softmax output
+    if family == "gemma3_text":  # sliding windows make HF's SDPA build a mask and repeat the KV heads
+        predicted += batch * seq * arch.num_layers * 2 * setup.compute_bytes * (arch.q_dim - arch.kv_dim)
+    assert predicted == pytest.approx(sum(seen.values()), rel=0.03)
+
+
+# --------------------------------------------------------------------------------- shipped shapes
+@pytest.mark.parametrize(
+    ("name", "billions"), [("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("gemma-3-27b", 27.01)]
+)
+def test_shipped_shapes_have_the_published_sizes(name, billions):
+    assert name in shipped_shapes()
+    assert load_architecture(name).num_params() / 1e9 == pytest.approx(billions, rel=0.005)
+
+
+def test_sharding_divides_params_and_logra_state_by_gpus():
+    arch = load_architecture("qwen2.5-7b")
+    one, eight = (plan(arch, PlanSetup(gpus=n, rank=128)) for n in (1, 8))
+    for opt in ("adamw", "logra"):
+        p1, p8 = (r["optimizers"][opt]["phases"]["optimizer_step"] for r in (one, eight))
+        assert p8["params"] == pytest.approx(p1["params"] / 8, rel=1e-3)
+        assert p8["optimizer_state"] < p1["optimizer_state"] / 2
+    adamw, logra = (eight["optimizers"][k]["phases"]["optimizer_step"] for k in ("adamw", "logra"))
+    assert logra["optimizer_state"] < 0.2 * adamw["optimizer_state"]
+    assert logra["grads"] < 0.001 * adamw["grads"]
+
+
+def test_gemma_27b_on_8x80gb_headline():
+    """The README numbers: bf16-mixed, checkpointing, 1 x 4096 tokens per GPU, rank 256."""
+    arch = load_architecture("gemma-3-27b")
+    base = dict(gpus=8, gpu_memory_gb=80, rank=256, batch=1, seq_len=4096, precision="bf16-mixed")
+    alone = plan(arch, PlanSetup(**base))["optimizers"]
+    assert alone["adamw"]["fits"] and alone["logra"]["fits"]
+    assert alone["adamw"]["peak_bytes"] / 2**30 == pytest.approx(66.9, abs=0.5)
+    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(37.6, abs=0.5)
+    colocated = plan(arch, PlanSetup(**base, colocate_engine=True, engine_tp=4, rollout_batch=8))["optimizers"]
+    assert not colocated["adamw"]["fits"] and colocated["logra"]["fits"]
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def test_cli_json_and_table(capsys):
+    assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--rank", "128", "--seq-len", "1024", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["setup"]["gpus"] == 8 and result["model"]["params"] == load_architecture("qwen2.5-7b").num_params()
+    logra, adamw = result["optimizers"]["logra"], result["optimizers"]["adamw"]
+    assert logra["peak_bytes"] < adamw["peak_bytes"] and logra["fits"] is True
+    assert set(logra["phases"]) == {"loss_backward", "head_backward", "layer_backward", "embedding_backward",
+                                    "optimizer_step"}  # fmt: skip
+
+    main(["--model", "gemma-3-27b", "--gpus", "8", "--gpu-memory-gb", "40", "--seq-len", "4096"])
+    table = capsys.readouterr().out
+    for text in ("AdamW", "LoGRA r=256", "optimizer state", "peak total", "fits in 40 GiB?", "OOM", "not checkpointed"):
+        assert text in table
+
+
+def test_cli_reads_a_local_hf_directory(tmp_path, capsys):
+    from transformers import Qwen2Config
+
+    cfg = {k: v for k, v in FAMILIES["qwen2_untied"].items() if k != "model_type"}
+    Qwen2Config(**cfg).save_pretrained(tmp_path)  # a real config.json with all HF's extra keys
+    main(["--model", str(tmp_path), "--rank", "8", "--json"])
+    params = json.loads(capsys.readouterr().out)["model"]["params"]
+    assert params == architecture_from_config(FAMILIES["qwen2_untied"]).num_params()
+
+
+def test_default_rank_fits_small_models(capsys):
+    main(["--model", "qwen2.5-0.5b", "--json"])  # k_proj is [128, 896]: 256 would be invalid
+    assert json.loads(capsys.readouterr().out)["setup"]["rank"] == 128
+
+
+def _write(tmp_path, **changes) -> str:
+    cfg = dict(FAMILIES["qwen2_tied"], **changes)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (lambda p: ["--model", _write(p, num_experts=8)], "num_experts=8"),
+        (lambda p: ["--model", _write(p, moe_intermediate_size=64)], "moe_intermediate_size"),
+        (lambda p: ["--model", _write(p, hidden_size=None)], "'hidden_size' is missing"),
+        (lambda p: ["--model", _write(p, num_hidden_layers=0)], "num_hidden_layers=0"),
+        (lambda p: ["--model", _write(p, model_type="mamba")], "model_type='mamba'"),
+        (lambda p: ["--model", _write(p, num_key_value_heads=3)], "num_key_value_heads=3"),
+        (lambda p: ["--model", "qwen2.5-7b", "--gpus", "0"], "gpus=0"),
+        (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "1024"], "rank=1024 is larger than the model's hidden_size"),
+        (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "200"], "k_proj"),
+        (lambda p: ["--model", "qwen2.5-7b", "--batch", "0"], "batch=0"),
+        (lambda p: ["--model", "qwen2.5-7b", "--colocate-engine", "--engine-tp", "3", "--gpus", "8"], "engine_tp=3"),
+        (lambda p: ["--model", "no-such-model"], "qwen2.5-0.5b"),
+        (lambda p: ["--model", str(p)], "without config.json"),
+    ],
+)
+def test_invalid_inputs_exit_2_naming_the_field(tmp_path, capsys, args, expected):
+    with pytest.raises(SystemExit) as exc:
+        main(args(tmp_path))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "logra plan: error:" in err and expected in err
+
+
+def test_per_rank_bytes_match_a_real_fsdp2_run(tmp_path):
+    """Two gloo processes shard a tiny Qwen2 (uneven rows) with FSDP2 and take one real step."""
+    import torch.multiprocessing as mp
+
+    cfg = dict(FAMILIES["qwen2_untied"], vocab_size=301, intermediate_size=150)
+    mp.spawn(_fsdp2_worker, args=(cfg, str(tmp_path)), nprocs=2)
+    arch = architecture_from_config(cfg)
+    got = json.loads((tmp_path / "rank0.json").read_text())  # rank 0 holds ceil(m / 2) rows: the most
+    for opt in ("adamw", "logra"):
+        pred = plan_optimizer(arch, PlanSetup(gpus=2, rank=8, precision="fp32"), opt)["phases"]["optimizer_step"]
+        assert [pred["params"], pred["grads"], pred["optimizer_state"]] == got[opt]
+
+
+def _fsdp2_worker(rank: int, cfg: dict, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from logra_lightning.fsdp import shard_policy
+    from logra_lightning.optim import grad_bytes, optimizer_state_bytes, param_bytes
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        result = {}
+        for opt_name in ("adamw", "logra"):
+            model = shard_policy(_build(cfg), mesh)
+            if opt_name == "adamw":
+                opt = torch.optim.AdamW(model.parameters())
+            else:
+                opt = LoGRA(logra_param_groups(model, rank=8, update_proj_gap=10), lr=1e-3)
+            ids = torch.randint(0, cfg["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(rank))
+            model(input_ids=ids, labels=ids).loss.backward()
+            grads = grad_bytes(model)
+            opt.step()
+            result[opt_name] = [param_bytes(model), grads, optimizer_state_bytes(opt)]
+        if rank == 0:
+            (Path(out) / "rank0.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_plan_errors_are_value_errors():
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        PlanSetup(precision="fp16")
+    assert issubclass(PlanError, ValueError)
