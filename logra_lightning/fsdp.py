@@ -1,16 +1,24 @@
-"""FSDP2 sharding of a policy: ``fully_shard`` per decoder layer, then the root.
+"""FSDP2 sharding of a policy (``fully_shard`` per decoder layer, then the root), and gathering
+LoGRA's update factors from the shards for weight sync.
 
-Called from :meth:`PolicyGradientModule.configure_model` when the trainer runs Lightning's
-``ModelParallelStrategy``; LoGRA then sees row-sharded DTensors (DESIGN.md §2, "Under FSDP2";
-:mod:`logra_lightning.optim.sharding`). Tested in ``tests/test_fsdp2.py``, which shards a
-tiny Qwen2 with :func:`shard_policy` on 2 CPU processes and checks LoGRA against one process.
+:func:`shard_policy` is called from :meth:`PolicyGradientModule.configure_model` when the
+trainer runs Lightning's ``ModelParallelStrategy``; LoGRA then sees row-sharded DTensors
+(DESIGN.md §2, "Under FSDP2"; :mod:`logra_lightning.optim.sharding`). Tested in
+``tests/test_fsdp2.py``, which shards a tiny Qwen2 with :func:`shard_policy` on 2 CPU
+processes and checks LoGRA against one process, and end to end under Lightning in
+``tests/test_fsdp_lightning.py`` (``configs/arithmetic_fsdp.yaml``).
 
 Choices:
 
 1. **Units.** One FSDP unit per decoder layer (HF's ``_no_split_modules`` names the layer
    class; without it, the longest ``nn.ModuleList`` of the model), and the root unit for
    the rest (embeddings, final norm, ``lm_head``; tied embeddings stay in one unit).
-2. **Data parallel only.** LoGRA supports dim-0 sharding, not tensor parallelism, so a
+2. **Weight sync gathers factors, not weights.** Under FSDP2 the left factor of a recorded
+   :class:`~logra_lightning.rollout.base.LowRankUpdate` holds this rank's rows only
+   (``[m_i, r]``; the right factor ``[r, n]`` is whole on every rank).
+   :func:`gather_update_factors` all-gathers those rows, ``r * m`` numbers per matrix,
+   never the ``m * n`` weight. Tested in ``tests/test_fsdp_lightning.py``.
+3. **Data parallel only.** LoGRA supports dim-0 sharding, not tensor parallelism, so a
    ``tensor_parallel`` mesh dim larger than 1 is refused. Lightning's ``ModelParallelStrategy``
    defaults ``tensor_parallel_size`` to the devices per node: set
    ``data_parallel_size=<devices>, tensor_parallel_size=1``.
@@ -30,9 +38,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from logra_lightning.errors import ConfigError
+from logra_lightning.optim import sharding as sh
+from logra_lightning.rollout.base import LowRankUpdate
 
 _DP, _TP = "data_parallel", "tensor_parallel"  # ModelParallelStrategy's mesh dim names
 
@@ -96,3 +107,46 @@ def shard_policy(policy: nn.Module, device_mesh: Any, **fully_shard_kwargs: Any)
         fully_shard(layer, mesh=mesh, **fully_shard_kwargs)
     fully_shard(policy, mesh=mesh, **fully_shard_kwargs)
     return policy
+
+
+def gather_update_factors(optimizer: torch.optim.Optimizer, updates: list[LowRankUpdate]) -> list[LowRankUpdate]:
+    """The same updates with full-shape thin factors, from every rank's rows of the left factors.
+
+    A collective under FSDP2: every rank calls it with its own list from
+    ``optimizer.pop_applied_updates()`` (the same matrices in the same order on every rank,
+    as LoGRA records them) and gets the full factors back, to send to its engine (or to
+    the one rank that owns the engine). Updates of matrices that are whole on this rank are returned as they are,
+    so it is a no-op on one process.
+
+    Args:
+        optimizer: the :class:`~logra_lightning.optim.LoGRA` that recorded ``updates``
+            (its ``param_names`` identify the matrices, its ``row_shard(p)`` their rows here);
+            a Lightning ``LightningOptimizer`` wrapping it works too.
+        updates: one step's updates; ``left`` is ``[m_i, r]`` (this rank's rows), ``right`` ``[r, n]``.
+
+    Returns:
+        ``LowRankUpdate(name, c, left [m, r], right [r, n])`` per update, in the same order.
+
+    Raises:
+        KeyError: an update names no parameter of ``optimizer``.
+        ValueError: a left factor does not hold this rank's rows of its matrix.
+    """
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # LightningOptimizer wraps the real one
+    params = {n: p for g in optimizer.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
+    out = []
+    for u in updates:
+        if u.name not in params:
+            raise KeyError(f"update of {u.name!r}: no such parameter in the optimizer's param_names")
+        p = params[u.name]
+        shard = optimizer.row_shard(p)
+        if shard is None:
+            out.append(u)
+            continue
+        if u.left.shape[0] != shard.rows:
+            raise ValueError(
+                f"update of {u.name!r}: left factor has {u.left.shape[0]} rows, but this rank holds rows "
+                f"[{shard.start}, {shard.stop}) of {tuple(p.shape)}"
+            )
+        left = sh.gather_chunks(u.left.contiguous(), shard, p.shape[0])  # [m, r] from every rank's [m_i, r]
+        out.append(LowRankUpdate(u.name, u.c, left, u.right))
+    return out

@@ -14,15 +14,23 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 # Configs that need more than this CPU machine gives a unit test get a stand-in: the tiny built-in
 # model, CPU, one process, and the HF engine (the vLLM engine is tested in tests/test_vllm_engine.py).
-STAND_IN = ["--model.model", "builtin:arithmetic-tiny", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
-NEEDS_STAND_IN = {"qwen2.5-0.5b_gsm8k.yaml", "qwen2.5-7b_math_fsdp8.yaml"}
+STAND_IN = ["--model.model", "builtin:arithmetic-tiny", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+            "--trainer.precision", "32-true", "--trainer.strategy", "auto", "--model.max_new_tokens", "8",
+            "--model.torch_threads", "1"]  # fmt: skip
+DATA = ROOT / "tests" / "data"
+NEEDS_STAND_IN = {
+    "qwen2.5-0.5b_gsm8k.yaml": ["--data.train.init_args.path", str(DATA / "gsm8k_tiny.jsonl"),
+                                "--data.val.init_args.path", str(DATA / "gsm8k_tiny.jsonl")],
+    "qwen2.5-7b_math_fsdp8.yaml": ["--data.train.init_args.path", str(DATA / "math_tiny.jsonl"),
+                                   "--data.val.init_args.path", str(DATA / "math_tiny.jsonl")],
+}  # fmt: skip
 SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run by its own test in tests/test_fsdp2.py
 
 
 def tiny_budget(tmp_path: Path) -> list[str]:
     return [
         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_checkpointing", "false",
+        "--trainer.logger.init_args.save_dir", str(tmp_path),
         "--data.batch_size", "4", "--model.group_size", "4",
     ]  # fmt: skip
 
@@ -36,7 +44,7 @@ def engine_override(config: str) -> list[str]:
 def test_config_smoke(config, tmp_path, tiny_policy_path):
     args = ["fit", "--config", str(ROOT / "configs" / config), *tiny_budget(tmp_path), *engine_override(config)]
     if config in NEEDS_STAND_IN:
-        args += STAND_IN
+        args += STAND_IN + NEEDS_STAND_IN[config]
     cli = main(args)
     assert cli.trainer.global_step == 2
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())

@@ -17,8 +17,9 @@ Choices:
 2. ``sync/bytes`` counts tensor payload (factors + dense values, or all params on a
    full sync); the engine's framing (a few hundred header bytes) is not included.
 3. With more than one training process (FSDP2), each process holds only its rows of the
-   factors; the callback then does full syncs (parameters gathered with
-   ``full_tensor()``), warned once.
+   left factors: :func:`~logra_lightning.fsdp.gather_update_factors` all-gathers those
+   rows (``r * m`` numbers per matrix, never the weight), so every rank holds the full
+   factors and sends them to its engine.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from logra_lightning.fsdp import gather_update_factors
 from logra_lightning.phases import announce_phase
 from logra_lightning.rollout.base import LowRankUpdate
 
@@ -151,12 +153,6 @@ class LowRankWeightSync(L.Callback):
                 "fallback", f"LowRankWeightSync: optimizer(s) {names} produce no factored updates; falling back to a "
                 "full weight sync after every step. Use logra_lightning.optim.LoGRA for low-rank syncs.",
             )  # fmt: skip
-        if trainer.world_size > 1 and self._lowrank:
-            self._lowrank = False
-            self._warn_once(
-                "distributed", "LowRankWeightSync: with more than one training process each holds only its rows "
-                "of the update factors; syncing full (gathered) weights after every step instead.",
-            )  # fmt: skip
         for opt in self._factored:
             opt.record_updates = True
             opt.pop_applied_updates()  # anything recorded before this fit is already in the full sync below
@@ -173,7 +169,8 @@ class LowRankWeightSync(L.Callback):
         if not self._active:
             return
         metrics: dict[str, float] = {}
-        popped = [opt.pop_applied_updates() for opt in self._factored]
+        # a collective under FSDP2: every rank gathers the row shards of its left factors
+        popped = [[gather_update_factors(opt, step) for step in opt.pop_applied_updates()] for opt in self._factored]
         steps = max((len(p) for p in popped), default=0) if self._lowrank else trainer.global_step - self._last_step
         self._last_step = trainer.global_step
         if steps > 0:

@@ -45,8 +45,10 @@ Choices and departures (numbered, as promised by the house style):
    all-reduce), Adam runs on this rank's column chunk ``[r, n_j]`` and the
    direction is all-gathered; the refresh gathers the ``[m, r + p]`` range
    sketch. Rotations ``R`` are summed over ranks (one ``[r, r]`` all-reduce).
-   Dense AdamW state is the local shard. State tensors are plain local tensors
-   (a distributed checkpoint needs them wrapped as DTensors). ``refresh="svd"``
+   Dense AdamW state is the local shard. State tensors are plain local tensors;
+   ``state_dict()`` returns the sharded ones as DTensors, so Lightning's
+   ``ModelParallelStrategy`` saves and restores them with distributed checkpointing
+   (``tests/test_fsdp_lightning.py``). ``refresh="svd"``
    gathers the full gradient. ``update_max_abs`` and recorded factors are local:
    the left factor holds this rank's rows (see :meth:`LoGRA.row_shard`).
 
@@ -599,15 +601,111 @@ class LoGRA(torch.optim.Optimizer):
         return [n for g in self.param_groups if not self._is_lowrank(g) for n in g["param_names"]]
 
     # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """``Optimizer.state_dict()``, ready for ``torch.save`` and for distributed checkpointing (FSDP2).
+
+        Two additions to ``torch.optim``'s format:
+
+        1. Every param has an entry: one whose dense AdamW state does not exist yet (it has
+           not stepped) appears with step 0 and zero moments, which :meth:`load_state_dict`
+           drops again. DCP loads into the ``state_dict()`` of a fresh optimizer, so a param
+           missing there would not be restored.
+        2. Under FSDP2, a state tensor that is this rank's piece of a larger one is returned
+           as a DTensor with its global shape (layouts in :meth:`_dtensor_layout`), so DCP
+           saves every rank's piece rather than one rank's as if replicated, and reshards on
+           load. Step counts and seeds are equal on every rank and stay plain tensors.
+
+        Raises:
+            RuntimeError: called between backward and ``step()`` under FSDP2 while a sharded
+                matrix holds a partial sum over ranks (left sketch, range sketch), which is no
+                rank's piece of anything. Checkpoint after ``step()`` (Lightning does).
+        """
+        sd = super().state_dict()
+        state = sd["state"]  # keyed by position in param-group order; values are our live dicts: copy, don't edit
+        for idx, p in enumerate(p for g in self.param_groups for p in g["params"]):
+            group = self._group_of[id(p)]
+            if idx not in state and not self._is_lowrank(group):
+                w = _local(p)
+                state[idx] = {
+                    "step": torch.zeros((), dtype=torch.int64),
+                    "exp_avg": torch.zeros_like(w, dtype=torch.float32),
+                    "exp_avg_sq": torch.zeros_like(w, dtype=torch.float32),
+                }
+            layout = self._dtensor_layout(p, group, state[idx]) if idx in state else {}
+            if layout:
+                from torch.distributed.tensor import DTensor
+
+                state[idx] = {**state[idx], **{
+                    k: DTensor.from_local(state[idx][k], p.device_mesh, placements, run_check=False,
+                                          shape=torch.Size(shape), stride=torch.empty(shape, device="meta").stride())
+                    for k, (placements, shape) in layout.items()
+                }}  # fmt: skip
+        return sd
+
+    def _dtensor_layout(self, p: torch.Tensor, group: dict, st: dict) -> dict[str, tuple[tuple, tuple[int, ...]]]:
+        """``{key: (placements, global shape)}`` of the state tensors of ``p`` that are this rank's piece.
+
+        Empty unless ``p`` is a sharded DTensor. Dense AdamW moments share the param's layout.
+        A row-sharded matrix (see the table in :mod:`~logra_lightning.optim.sharding`): right
+        sketch, ``Q`` rows ``Shard(0)`` of ``[n, r]`` and moments and sketch ``Shard(0)`` of
+        ``[m, r]``; left sketch, ``P`` rows ``Shard(0)`` of ``[m, r]`` and moments ``Shard(1)``
+        of ``[r, n]``; its sketch is a partial sum over ranks, zero after ``step()``, left plain.
+        """
+        placements = getattr(p, "placements", None)
+        if placements is None or all(pl.is_replicate() for pl in placements):
+            return {}
+        if id(p) not in self._shards:
+            return {k: (tuple(placements), tuple(p.shape)) for k in ("exp_avg", "exp_avg_sq") if k in st}
+        from torch.distributed.tensor import Replicate, Shard
+
+        mesh_dim = next(i for i, pl in enumerate(placements) if not pl.is_replicate())
+
+        def shard(dim: int) -> tuple:
+            return tuple(Shard(dim) if i == mesh_dim else Replicate() for i in range(len(placements)))
+
+        (m, n), r, side = p.shape, group["rank"], resolve_side(group["side"], p.shape)
+        partial = "range" in st or (side == "left" and bool(st["sketch"].any()))
+        if partial:
+            raise RuntimeError(
+                "LoGRA.state_dict() was called between backward and step() on an FSDP2-sharded run: the "
+                "accumulated sketches of sharded matrices are partial sums over ranks and cannot be saved as "
+                "shards. Save after optimizer.step() (Lightning's checkpoints are taken there)."
+            )
+        if side == "right":
+            return {"basis": (shard(0), (n, r)), **{k: (shard(0), (m, r)) for k in ("exp_avg", "exp_avg_sq", "sketch")}}
+        return {"basis": (shard(0), (m, r)), **{k: (shard(1), (r, n)) for k in ("exp_avg", "exp_avg_sq")}}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Like ``Optimizer.load_state_dict`` but keeps fp32 moments/bases and int64 counters as saved."""
-        saved = state_dict["state"]
-        super().load_state_dict(state_dict)
-        params = [p for g in self.param_groups for p in g["params"]]
-        for idx, values in saved.items():
-            p = params[int(idx)]
-            self.state[p] = {k: v.detach().clone().to(p.device) if torch.is_tensor(v) else v for k, v in values.items()}
+        """``Optimizer.load_state_dict`` for what :meth:`state_dict` wrote, saved whole or through DCP.
+
+        Keeps fp32 moments/bases and int64 counters as saved; takes the local piece of DTensor
+        values; matches state to params in param-group order, whether keyed by position
+        (``torch.save``) or by parameter name (DCP's ``set_optimizer_state_dict``).
+
+        Raises:
+            ValueError: a saved low-rank state tensor has another shape than here (e.g. another
+                ``rank``, or a whole-matrix checkpoint loaded into a sharded run without DCP).
+        """
+        keys = [k for g in state_dict["param_groups"] for k in g["params"]]
+        previous = self.state
+        super().load_state_dict({**state_dict, "state": {}})  # checks group sizes, restores hyperparameters
         self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        names = {id(p): n for g in self.param_groups for n, p in zip(g["param_names"], g["params"])}
+        by_key = dict(zip(keys, (p for g in self.param_groups for p in g["params"])))
+        for key, values in state_dict["state"].items():
+            p = by_key[key]
+            st = {k: _local(v).detach().clone().to(p.device) if torch.is_tensor(v) else v for k, v in values.items()}
+            if not self._is_lowrank(self._group_of[id(p)]):
+                if int(st.get("step", 1)) == 0:
+                    continue  # the placeholder of a dense param that had not stepped: it still has no state
+            else:
+                for k, ours in previous.get(p, {}).items():
+                    if k in ("basis", "exp_avg", "exp_avg_sq") and st[k].shape != ours.shape:
+                        raise ValueError(
+                            f"LoGRA.load_state_dict: {names[id(p)]!r} has {k} of shape {tuple(st[k].shape)} in the "
+                            f"checkpoint but {tuple(ours.shape)} here (same rank, side and sharding needed)"
+                        )
+            self.state[p] = st
         self._pending.clear()
         self._prepared = False
         self._perturb_total = 0.0

@@ -5,6 +5,11 @@ sync). With ``copy_weights=True`` it keeps its own copy of the model, which make
 it a cheap, exact stand-in for a remote engine in tests of the weight-sync
 callback: it implements the same update methods as the vLLM engine.
 
+Under FSDP2 (the policy sharded with ``fully_shard`` in a ``torch.distributed`` job) every
+forward all-gathers parameters, so all ranks must run the same number of forwards even
+when one rank's samples finish earlier: ``generate`` then gets ``synced_gpus=True``
+(transformers does not detect a model sharded by ``fully_shard`` itself).
+
 Example::
 
     >>> import tempfile
@@ -26,6 +31,17 @@ import torch
 from torch import nn
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
+
+
+def _needs_synced_generate(model: nn.Module) -> bool:
+    """True when ``model`` is FSDP2-sharded over more than one process (every rank must take each decode step)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 class HFEngine:
@@ -75,6 +91,7 @@ class HFEngine:
             pad_token_id=tok.pad_token_id,
             return_dict_in_generate=True,
             output_logits=True,
+            synced_gpus=_needs_synced_generate(self.model),
         )
         self.model.train(was_training)
         new = out.sequences[:, width:].cpu()  # [B*n, T]
