@@ -11,3 +11,11 @@ class ConfigError(LograError, ValueError):
 
 class DataError(LograError, ValueError):
     """A data file is missing, empty or malformed; the message names the file and line."""
+
+
+class TrainingError(LograError, RuntimeError):
+    """Training stopped on purpose (a failed component, too many skipped steps); the message names the step and what to do."""
+
+
+class CheckpointError(LograError, OSError):
+    """Writing a checkpoint failed; the previous checkpoint at that path is left as it was."""

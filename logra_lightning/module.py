@@ -27,17 +27,26 @@ Departures from GRPO as published are listed in :mod:`logra_lightning.grpo`. Als
    policy gradient; the engine's logprobs are used to measure drift.
 2. ``reward/accuracy`` and ``val/accuracy`` count a sample as correct when its reward
    is at least ``correct_reward`` (1.0 by default).
+3. Each rollout samples with a seed derived from ``(sampling_seed, rollout index, rank)``,
+   not from torch's global RNG, so a run resumed from a checkpoint samples exactly what the
+   uninterrupted run sampled (the index is checkpointed; Lightning does not save the global RNG).
+
+Faults (a bad sample, a NaN, an empty batch, a failing engine) cost a step, not the run; the
+behaviour for each is tabulated in :mod:`logra_lightning.health`.
 
 Logged metrics:
     ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
     ``policy/ref_kl`` (with ``kl_coef > 0``), ``completion/length_mean``,
-    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``.
+    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
+    ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -49,14 +58,17 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
-from logra_lightning.errors import ConfigError
+from logra_lightning.errors import ConfigError, TrainingError
 from logra_lightning.grpo import clipped_policy_loss, gather_logprobs, grpo_advantages, k3_kl, masked_mean, token_entropy
-from logra_lightning.models import load_policy
+from logra_lightning.health import degenerate_rollout, grads_finite
+from logra_lightning.models import load_policy, load_tokenizer
+from logra_lightning.optim.sketch import mix_seed
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.phases import announce_phase
 from logra_lightning.rewards import ExactMatchReward, safe_rewards
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
 from logra_lightning.sequences import PackedBatch, pack_sequences, right_align
+from logra_lightning.validation import check_prompt_lengths, model_config
 from logra_lightning.warmup import resolve_model
 
 
@@ -90,9 +102,17 @@ class PolicyGradientModule(L.LightningModule):
         torch_threads: ``torch.set_num_threads`` at setup (``None`` leaves it). On small
             models 1 thread was 10-25x faster than 2 on the 2-core machine (DESIGN.md §5).
         kl_probe_seed: seed of the token subsample returned by ``kl_probe_logits``.
+        lr_warmup_steps: ramp the learning rate linearly from 0 over this many optimizer steps.
+        max_consecutive_skips: stop (after writing a checkpoint) when more than this many
+            steps in a row were skipped (non-finite values or unusable batches); ``None``: never.
+        sampling_seed: base seed of the per-rollout sampling seeds (``None``: torch's initial
+            seed at setup, i.e. ``seed_everything``'s). Saved in checkpoints.
 
     Raises:
-        ConfigError: an argument out of range (names the key and the allowed range).
+        ConfigError: an argument out of range (names the key and the allowed range); in
+            ``setup``, a prompt longer than the engine allows; in ``configure_optimizers``,
+            an optimizer argument the optimizer rejects.
+        TrainingError: the rollout engine failed, or too many steps in a row were skipped.
 
     Example::
 
@@ -125,6 +145,9 @@ class PolicyGradientModule(L.LightningModule):
         activation_checkpointing: bool = False,
         torch_threads: int | None = 1,
         kl_probe_seed: int = 0,
+        lr_warmup_steps: int = 0,
+        max_consecutive_skips: int | None = 10,
+        sampling_seed: int | None = None,
     ) -> None:
         super().__init__()
         _check("group_size", isinstance(group_size, int) and group_size >= 1, group_size, "integers >= 1")
@@ -139,7 +162,11 @@ class PolicyGradientModule(L.LightningModule):
         _check("ppo_epochs", isinstance(ppo_epochs, int) and ppo_epochs >= 1, ppo_epochs, "integers >= 1")
         _check("micro_batch_size", micro_batch_size is None or micro_batch_size >= 1, micro_batch_size,
                "None or integers >= 1")  # fmt: skip
+        _check("lr_warmup_steps", isinstance(lr_warmup_steps, int) and lr_warmup_steps >= 0, lr_warmup_steps,
+               "integers >= 0")  # fmt: skip
         _check("torch_threads", torch_threads is None or torch_threads >= 1, torch_threads, "None or integers >= 1")
+        _check("max_consecutive_skips", max_consecutive_skips is None or (isinstance(max_consecutive_skips, int)
+               and max_consecutive_skips >= 0), max_consecutive_skips, "None or integers >= 0")  # fmt: skip
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward"])
         self.automatic_optimization = False
         self.model_spec = model
@@ -158,6 +185,13 @@ class PolicyGradientModule(L.LightningModule):
         self._probe: PackedBatch | None = None
         self._reward_errors = 0
         self._fit_started = 0.0
+        # fault counters and the sampling position (all checkpointed)
+        self._skipped_steps = 0
+        self._skipped_batches = 0
+        self._consecutive_skips = 0
+        self._rollouts = 0
+        self._sampling_seed = sampling_seed
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ setup
     @override
@@ -169,6 +203,9 @@ class PolicyGradientModule(L.LightningModule):
         if self.hparams.torch_threads:
             torch.set_num_threads(self.hparams.torch_threads)
         self.model_path = resolve_model(self.model_spec)
+        if self._sampling_seed is None:
+            self._sampling_seed = torch.initial_seed()
+        self._check_prompt_lengths()  # before the policy and the engine are built
         self.policy, self.tokenizer = load_policy(self.model_path)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
         if self.hparams.activation_checkpointing:
@@ -178,6 +215,30 @@ class PolicyGradientModule(L.LightningModule):
             ref, _ = load_policy(self.model_path)
             self._ref = [ref.eval().requires_grad_(False)]
         self.engine = self.engine_spec.build(self.model_path, self.policy, self.tokenizer)
+
+    def _check_prompt_lengths(self) -> None:
+        """Every training prompt plus ``max_new_tokens`` must fit an engine with a hard context limit (vLLM).
+
+        Runs after the data module has loaded its records and before the policy and engine are
+        built; it tokenizes every training prompt once (the tokenizer alone is loaded for it).
+        """
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        records = getattr(dm, "train_records", None)
+        if not records:
+            return
+        options = getattr(self.engine_spec, "options", {})
+        if "max_model_len" not in options:
+            return  # the HF engine has no hard context limit (RoPE positions extrapolate)
+        limit, key = options["max_model_len"], "model.engine.init_args.max_model_len"
+        if limit is None:  # vLLM then takes the model's max_position_embeddings
+            limit = (model_config(self.model_path) or {}).get("max_position_embeddings")
+            key = f"{key} (null: max_position_embeddings of {self.model_spec})"
+        if not isinstance(limit, int):
+            return
+        tokenizer = load_tokenizer(self.model_path)
+        prompts = [r["prompt"] for r in records]
+        lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
+        check_prompt_lengths(lengths, self.hparams.max_new_tokens, limit, key, prompts)
 
     @override
     def configure_model(self) -> None:
@@ -190,7 +251,17 @@ class PolicyGradientModule(L.LightningModule):
 
     @override
     def configure_optimizers(self):
-        return self.optimizer_factory(list(self.policy.named_parameters()))
+        try:
+            opt = self.optimizer_factory(list(self.policy.named_parameters()))
+        except ValueError as err:  # torch.optim and LoGRA reject bad hyperparameters with ValueError
+            raise ConfigError(f"model.optimizer: {err}") from None
+        if not self.hparams.lr_warmup_steps:
+            return opt
+        # Adam's first steps move every weight by ~lr whatever the gradient's size; on noisy RL
+        # gradients a linear ramp keeps those first steps from undoing the warm-up.
+        warm = self.hparams.lr_warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": sched}
 
     @override
     def teardown(self, stage: str) -> None:
@@ -207,7 +278,12 @@ class PolicyGradientModule(L.LightningModule):
         prompt_ids = [self.tokenizer.encode(p) for p in prompts]
 
         with announce_phase(self, "rollout"):
-            rollout = self.engine.generate(prompt_ids, n=G, sampling=self.sampling)
+            rollout = self._generate(prompt_ids, G)
+        unusable = degenerate_rollout(rollout)
+        if not self._all_ranks_agree(unusable is None):
+            self._skip("batch", unusable or "unusable rollout on another rank")
+            self._log_health(rollout, start, len(prompts))
+            return
         rewards = self._score([p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)])
         adv = grpo_advantages(rewards, G, scale_by_std=hp.scale_by_std).to(self.device)  # [B*G]
 
@@ -223,6 +299,7 @@ class PolicyGradientModule(L.LightningModule):
         stats: dict[str, float] = {"loss/policy": 0.0, "policy/clip_frac": 0.0, "policy/approx_kl": 0.0,
                                    "policy/entropy": 0.0, "policy/ref_kl": 0.0}  # fmt: skip
         for epoch in range(hp.ppo_epochs):
+            finite = True
             with announce_phase(self, "forward_backward"):
                 for lo in range(0, len(seqs.ids), micro):
                     rows = slice(lo, lo + micro)
@@ -235,7 +312,8 @@ class PolicyGradientModule(L.LightningModule):
                         ref_kl = (k3_kl(lp, ref_lp[rows]) * mb.mask).sum() / n_tokens
                         loss = loss + hp.kl_coef * ref_kl
                         stats["policy/ref_kl"] += ref_kl.item() / hp.ppo_epochs
-                    self.manual_backward(loss)
+                    self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
+                    finite = finite and math.isfinite(loss.item())
                     w = mb.num_tokens / max(n_tokens, 1) / hp.ppo_epochs  # token weight of this micro-batch
                     stats["loss/policy"] += loss.item() / hp.ppo_epochs
                     stats["policy/clip_frac"] += st["clip_frac"].item() * w
@@ -245,28 +323,107 @@ class PolicyGradientModule(L.LightningModule):
                             ent = masked_mean(token_entropy(logits.detach() / hp.temperature), mb.mask)
                         stats["policy/entropy"] += ent.item() * mb.num_tokens / max(n_tokens, 1)
             with announce_phase(self, "optimizer"):
-                opt.step()
+                # A non-finite loss, gradient or sketch skips the step on every rank; zero_grad()
+                # clears gradients and sketches and nothing else moves (moments, LR, callbacks).
+                if self._all_ranks_agree(finite and grads_finite(opt)):
+                    opt.step()
+                    self._consecutive_skips = 0
+                    if self.lr_schedulers() is not None:
+                        self.lr_schedulers().step()
+                else:
+                    self._skip("step", "non-finite loss" if not finite else "non-finite gradients")
                 opt.zero_grad()
         if ref_lp is None:
             stats.pop("policy/ref_kl")
 
-        seconds = time.perf_counter() - start
-        lengths = [len(c) for c in rollout.completion_ids]
         self.log_dict(stats, batch_size=len(prompts))
+        self._log_health(rollout, start, len(prompts))
         self.log_dict({
             "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
             "reward/errors": float(self._reward_errors),
-            "completion/length_mean": sum(lengths) / len(lengths),
-            "completion/clipped_ratio": 1.0 - sum(rollout.finished) / len(rollout.finished),
-            "perf/step_seconds": seconds,
-            "perf/tokens_per_second": sum(lengths) / seconds,
         }, batch_size=len(prompts))  # fmt: skip
         self.log_dict({"reward/mean": rewards.mean().item(),
                        "reward/accuracy": (rewards >= hp.correct_reward).float().mean().item()},
                       prog_bar=True, batch_size=len(prompts))  # fmt: skip
 
+    # ------------------------------------------------------------------ faults
+    def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
+        """Sample ``n`` completions per prompt with this rollout's seed; a failing engine stops training."""
+        sampling = self.sampling
+        if sampling.seed is None:  # a subclass may set its own seed
+            seed = mix_seed(self._sampling_seed or 0, self._rollouts, self.global_rank) % (2**31 - 1)
+            sampling = dataclasses.replace(sampling, seed=seed)
+        try:
+            rollout = self.engine.generate(prompt_ids, n=n, sampling=sampling)
+            if len(rollout) != len(prompt_ids) * n:
+                raise RuntimeError(f"returned {len(rollout)} completions for {len(prompt_ids)} prompts x {n} samples")
+        except Exception as err:
+            cb = self.trainer.checkpoint_callback if self._trainer is not None else None
+            last = getattr(cb, "last_model_path", "") or getattr(cb, "best_model_path", "") or None
+            kept = f"the last checkpoint, {last}, is intact" if last else "no checkpoint was written in this run"
+            raise TrainingError(
+                f"rollout engine {type(self.engine).__name__} failed at global step {self.global_step} "
+                f"({type(err).__name__}: {err}). Training stopped without checkpointing this step; {kept}. "
+                "Fix the engine (see the error above), then resume: logra fit --config <config> --ckpt_path last"
+            ) from err
+        self._rollouts += 1
+        return rollout
+
+    def _all_ranks_agree(self, ok: bool) -> bool:
+        """True only when ``ok`` on every rank (one all-reduce under DDP/FSDP; ``ok`` itself on one process)."""
+        if self._trainer is None:
+            return ok
+        return bool(self.trainer.strategy.reduce_boolean_decision(bool(ok), all=True))
+
+    def _skip(self, kind: str, why: str) -> None:
+        """Count a skipped ``"step"`` or ``"batch"``; warn the first time; stop after too many in a row."""
+        if kind == "step":
+            self._skipped_steps += 1
+        else:
+            self._skipped_batches += 1
+        self._consecutive_skips += 1
+        limit = self.hparams.max_consecutive_skips
+        if kind not in self._warned:
+            self._warned.add(kind)
+            what = "optimizer step skipped (counted in health/skipped_steps)" if kind == "step" else (
+                f"batch skipped (counted in health/skipped_batches; raise model.max_new_tokens="
+                f"{self.hparams.max_new_tokens} if completions are cut off)")  # fmt: skip
+            rank_zero_warn(f"{why} at global step {self.global_step}: {what}. Warned once; training stops after "
+                           f"more than {limit} consecutive skips (model.max_consecutive_skips).")  # fmt: skip
+        if limit is not None and self._consecutive_skips > limit:
+            path = self._halt_checkpoint()
+            raise TrainingError(
+                f"{self._consecutive_skips} consecutive steps skipped at global step {self.global_step} (last: {why}; "
+                f"model.max_consecutive_skips={limit}). Wrote {path} (the weights before these skips). Check the "
+                "data, rewards and learning rate, then resume from it with --ckpt_path <that file>."
+            )
+
+    def _halt_checkpoint(self) -> Path:
+        root = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        path = root / "checkpoints" / f"halted-step={self.global_step}.ckpt"
+        self.trainer.save_checkpoint(path)  # a collective under DDP/FSDP: every rank gets here together
+        return path
+
+    def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
+        seconds = time.perf_counter() - start
+        lengths = [len(c) for c in rollout.completion_ids]
+        self.log_dict({
+            "completion/length_mean": sum(lengths) / max(len(lengths), 1),
+            "completion/clipped_ratio": 1.0 - sum(rollout.finished) / max(len(rollout.finished), 1),
+            "perf/step_seconds": seconds,
+            "perf/tokens_per_second": sum(lengths) / seconds,
+            "health/skipped_steps": float(self._skipped_steps),
+            "health/skipped_batches": float(self._skipped_batches),
+        }, batch_size=batch_size)  # fmt: skip
+
     def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
         values, errors, first = safe_rewards(self.reward_fn, prompts, completions, answers)
+        bad = {i for i, v in enumerate(values) if not math.isfinite(v)}
+        if bad:  # a NaN/inf reward would turn its whole group's advantages into NaN: treat it as a failed sample
+            i = min(bad)
+            first = first or f"non-finite reward {values[i]} for sample {i}"
+            values = [0.0 if i in bad else v for i, v in enumerate(values)]
+            errors += len(bad)
         if errors:
             if not self._reward_errors:
                 rank_zero_warn(f"reward function failed on {errors} sample(s) at step {self.global_step} "
@@ -353,25 +510,40 @@ class PolicyGradientModule(L.LightningModule):
         for logger in self.loggers:
             logger.log_metrics({"val/accuracy": acc}, step=self.global_step)
         before = self.accuracy_history[0][1]
+        log_dir = self.trainer.log_dir  # a broadcast under DDP/FSDP: read it once, on every rank
         summary = {"accuracy_before": before, "accuracy_after": acc, "steps": self.global_step,
-                   "train_seconds": time.perf_counter() - self._fit_started, "log_dir": self.trainer.log_dir}  # fmt: skip
-        if self.trainer.is_global_zero and self.trainer.log_dir:
-            Path(self.trainer.log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(self.trainer.log_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+                   "train_seconds": time.perf_counter() - self._fit_started, "log_dir": log_dir}  # fmt: skip
+        if self.trainer.is_global_zero and log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(log_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         rank_zero_info(
             f"\nheld-out greedy accuracy: before RL {before:.1%} -> after {self.global_step} RL steps {acc:.1%} "
             f"({'+' if acc >= before else ''}{100 * (acc - before):.1f} points, {summary['train_seconds']:.0f} s)\n"
-            f"TensorBoard logs: {self.trainer.log_dir}   (view: tensorboard --logdir runs)"
+            f"TensorBoard logs: {log_dir}   (view: tensorboard --logdir runs)"
         )
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["logra"] = {"accuracy_history": list(self.accuracy_history), "reward_errors": self._reward_errors}
+        checkpoint["logra"] = {
+            "accuracy_history": list(self.accuracy_history),
+            "reward_errors": self._reward_errors,
+            "skipped_steps": self._skipped_steps,
+            "skipped_batches": self._skipped_batches,
+            "consecutive_skips": self._consecutive_skips,
+            "rollouts": self._rollouts,  # the next rollout's sampling seed follows from it
+            "sampling_seed": self._sampling_seed,
+        }
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("logra", {})
         self.accuracy_history = [tuple(x) for x in state.get("accuracy_history", [])]
         self._reward_errors = state.get("reward_errors", 0)
+        self._skipped_steps = state.get("skipped_steps", 0)
+        self._skipped_batches = state.get("skipped_batches", 0)
+        self._consecutive_skips = state.get("consecutive_skips", 0)
+        self._rollouts = state.get("rollouts", 0)
+        if state.get("sampling_seed") is not None and self.hparams.sampling_seed is None:
+            self._sampling_seed = state["sampling_seed"]
         if self.policy is None:  # restoring outside fit: build the policy so its weights can load
             self.setup("validate")

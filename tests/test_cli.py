@@ -24,7 +24,7 @@ NEEDS_STAND_IN = {
     "qwen2.5-7b_math_fsdp8.yaml": ["--data.train.init_args.path", str(DATA / "math_tiny.jsonl"),
                                    "--data.val.init_args.path", str(DATA / "math_tiny.jsonl")],
 }  # fmt: skip
-SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run by its own test in tests/test_fsdp2.py
+SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run as a subprocess by tests/test_fsdp_lightning.py
 
 
 def tiny_budget(tmp_path: Path) -> list[str]:

@@ -1,10 +1,23 @@
-"""The prompt data module: batches of ``{"prompt", "answer"}`` records for RL.
+"""The prompt data module: batches of ``{"prompt", "answer"}`` records for RL, resumable mid-epoch.
 
 A *source* is any object with ``load() -> list[dict]`` whose dicts have ``prompt``
 and ``answer`` strings (``ArithmeticSource``, ``JSONLSource``, the math sources in
 ``logra_lightning.data.math``); configs choose one by ``class_path``. Batches are
 plain dicts of lists, ``{"prompt": [B str], "answer": [B str]}``: tokenization is
 the module's job because it owns the tokenizer.
+
+Resuming (``logra fit --ckpt_path last``) continues the shuffle order exactly where the
+checkpoint left it, also in the middle of an epoch:
+
+1. The order of epoch ``e`` is a permutation drawn from ``seed + e`` (the same rule as
+   ``DistributedSampler``), sharded over ranks by :class:`ResumableSampler`, which is a
+   ``DistributedSampler`` so that Lightning does not replace it.
+2. The position is counted where a batch is *consumed* (``on_before_batch_transfer`` of the
+   training loop), not where the loader yields it: Lightning prefetches one batch, so a
+   count of yielded batches would skip one on resume.
+3. The position ``(epoch, batches consumed)`` is the data module's ``state_dict``, which
+   Lightning saves in every checkpoint; on load, the next ``train_dataloader()`` starts at
+   that epoch and skips the consumed batches without loading them.
 
 Example::
 
@@ -18,9 +31,11 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 import lightning as L
-import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
+from typing_extensions import override
 
 from logra_lightning.data.source import PromptSource
 from logra_lightning.errors import ConfigError
@@ -31,6 +46,37 @@ def collate_records(records: list[dict]) -> dict[str, list]:
     return {k: [r[k] for r in records] for k in records[0]}
 
 
+class ResumableSampler(DistributedSampler):
+    """A shuffling ``DistributedSampler`` that can start an epoch after its first ``skip`` indices.
+
+    Args:
+        records: the dataset (only its length is used).
+        num_replicas, rank: data-parallel world size and this rank (1 and 0 on one process).
+        seed: the order of epoch ``e`` is a permutation drawn from ``seed + e``.
+        epoch: the epoch the next ``iter()`` serves.
+        skip: indices of this rank's share of ``epoch`` already consumed (dropped from the
+            next ``iter()`` of that epoch; ``len()`` stays the full share, so Lightning's
+            restored batch counter ends the epoch where it would have ended).
+    """
+
+    def __init__(self, records: list, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                 epoch: int = 0, skip: int = 0) -> None:  # fmt: skip
+        super().__init__(records, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.epoch, self.skip = epoch, skip
+
+    @override
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.skip = 0  # the skip belongs to the epoch it was saved in
+        super().set_epoch(epoch)
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())[self.skip :]
+        self.skip = 0
+        return iter(indices)
+
+
 class PromptDataModule(L.LightningDataModule):
     """Shuffled training prompts and held-out evaluation prompts.
 
@@ -39,7 +85,7 @@ class PromptDataModule(L.LightningDataModule):
         val: source of held-out prompts (``val/accuracy``); ``None`` to skip evaluation.
         batch_size: prompts per RL step (each is sampled ``group_size`` times by the module).
         val_batch_size: prompts per evaluation batch.
-        seed: shuffle seed.
+        seed: shuffle seed (epoch ``e`` uses ``seed + e``).
 
     Raises:
         ConfigError: a non-positive batch size.
@@ -61,6 +107,7 @@ class PromptDataModule(L.LightningDataModule):
         self.batch_size, self.val_batch_size, self.seed = batch_size, val_batch_size, seed
         self.train_records: list[dict] = []
         self.val_records: list[dict] = []
+        self.epoch, self.consumed = 0, 0  # training position: batches of `epoch` already trained on
 
     def setup(self, stage: str) -> None:
         if not self.train_records and stage == "fit":
@@ -69,13 +116,37 @@ class PromptDataModule(L.LightningDataModule):
             self.val_records = self.val_source.load()
 
     def train_dataloader(self) -> DataLoader:
-        gen = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.train_records, batch_size=self.batch_size, shuffle=True, generator=gen,
-            collate_fn=collate_records, drop_last=True,
-        )  # fmt: skip
+        world, rank = 1, 0
+        if self.trainer is not None:
+            world, rank = self.trainer.world_size, self.trainer.global_rank
+        skip = self.consumed * self.batch_size  # this rank's indices of `epoch` already trained on
+        sampler = ResumableSampler(self.train_records, world, rank, self.seed, self.epoch, skip)
+        return DataLoader(self.train_records, batch_size=self.batch_size, sampler=sampler,
+                          collate_fn=collate_records, drop_last=True)  # fmt: skip
 
     def val_dataloader(self) -> DataLoader | list:
         if not self.val_records:
             return []
         return DataLoader(self.val_records, batch_size=self.val_batch_size, collate_fn=collate_records)
+
+    # ---------------------------------------------------------------- position
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.trainer is not None and self.trainer.training:
+            epoch = self.trainer.current_epoch
+            self.consumed = self.consumed + 1 if epoch == self.epoch else 1
+            self.epoch = epoch
+        return batch
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        epoch, consumed = self.epoch, self.consumed
+        if self.trainer is not None and consumed >= self.trainer.num_training_batches:
+            epoch, consumed = epoch + 1, 0  # saved at the end of an epoch: resume at the next one
+        return {"epoch": epoch, "consumed": consumed, "seed": self.seed, "batch_size": self.batch_size}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epoch, self.consumed = int(state_dict.get("epoch", 0)), int(state_dict.get("consumed", 0))
+        if state_dict.get("batch_size", self.batch_size) != self.batch_size:
+            self.consumed = self.consumed * state_dict["batch_size"] // self.batch_size  # same prompts, rounded down
