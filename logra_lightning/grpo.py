@@ -64,6 +64,7 @@ def clipped_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     normalizer: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level PPO-clip loss with separate low/high clip ranges (DAPO).
 
@@ -78,6 +79,8 @@ def clipped_policy_loss(
         normalizer: token count to divide by; default ``mask.sum()``. Pass the token
             count of the whole batch when this is one micro-batch of several, so the
             micro-batch losses add up to the full-batch token mean.
+        token_weights: ``[N, T]`` per-token weights (no grad), e.g. truncated importance
+            ratios ``min(pi_old / pi_engine, C)`` (TIS); ``None`` means 1.
 
     Returns:
         ``(loss, stats)``; stats (detached): ``clip_frac`` (fraction of tokens where
@@ -97,6 +100,8 @@ def clipped_policy_loss(
     unclipped = ratio * adv  # [N, T]
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv  # [N, T]
     per_token = -torch.minimum(unclipped, clipped)  # [N, T]
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()
     denom = mask.sum().clamp_min(1) if normalizer is None else normalizer
     loss = (per_token * mask).sum() / denom
     with torch.no_grad():

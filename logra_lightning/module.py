@@ -37,7 +37,7 @@ behaviour for each is tabulated in :mod:`logra_lightning.health`.
 Logged metrics:
     ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
-    ``policy/ref_kl`` (with ``kl_coef > 0``), ``completion/length_mean``,
+    ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``completion/length_mean``,
     ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
     ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts).
 """
@@ -103,6 +103,9 @@ class PolicyGradientModule(L.LightningModule):
             models 1 thread was 10-25x faster than 2 on the 2-core machine (DESIGN.md §5).
         kl_probe_seed: seed of the token subsample returned by ``kl_probe_logits``.
         lr_warmup_steps: ramp the learning rate linearly from 0 over this many optimizer steps.
+        tis_cap: truncated importance sampling (TIS): weight each token's loss by
+            ``min(pi_trainer / pi_engine, tis_cap)`` on the sampled token, correcting for an
+            engine whose numerics differ from the trainer's (e.g. vLLM in bf16). ``None``: off.
         max_consecutive_skips: stop (after writing a checkpoint) when more than this many
             steps in a row were skipped (non-finite values or unusable batches); ``None``: never.
         sampling_seed: base seed of the per-rollout sampling seeds (``None``: torch's initial
@@ -148,6 +151,7 @@ class PolicyGradientModule(L.LightningModule):
         lr_warmup_steps: int = 0,
         max_consecutive_skips: int | None = 10,
         sampling_seed: int | None = None,
+        tis_cap: float | None = None,
     ) -> None:
         super().__init__()
         _check("group_size", isinstance(group_size, int) and group_size >= 1, group_size, "integers >= 1")
@@ -162,6 +166,7 @@ class PolicyGradientModule(L.LightningModule):
         _check("ppo_epochs", isinstance(ppo_epochs, int) and ppo_epochs >= 1, ppo_epochs, "integers >= 1")
         _check("micro_batch_size", micro_batch_size is None or micro_batch_size >= 1, micro_batch_size,
                "None or integers >= 1")  # fmt: skip
+        _check("tis_cap", tis_cap is None or tis_cap >= 1, tis_cap, "None (off) or values >= 1")
         _check("lr_warmup_steps", isinstance(lr_warmup_steps, int) and lr_warmup_steps >= 0, lr_warmup_steps,
                "integers >= 0")  # fmt: skip
         _check("torch_threads", torch_threads is None or torch_threads >= 1, torch_threads, "None or integers >= 1")
@@ -207,6 +212,9 @@ class PolicyGradientModule(L.LightningModule):
             self._sampling_seed = torch.initial_seed()
         self._check_prompt_lengths()  # before the policy and the engine are built
         self.policy, self.tokenizer = load_policy(self.model_path)
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if hasattr(dm, "use_tokenizer"):
+            dm.use_tokenizer(self.tokenizer)  # chat-template prompts for chat models (GSM8K/MATH sources)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
         if self.hparams.activation_checkpointing:
             self.policy.gradient_checkpointing_enable()
@@ -290,7 +298,13 @@ class PolicyGradientModule(L.LightningModule):
         seqs = pack_sequences([p for p in prompt_ids for _ in range(G)], rollout.completion_ids,
                               self.tokenizer.pad_token_id).to(self.device)  # fmt: skip
         old_lp = self._logprobs(seqs)  # [N, L-1], no grad: pi_old
-        self._measure_engine_gap(rollout, seqs, old_lp, [len(p) for p in prompt_ids for _ in range(G)])
+        engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids for _ in range(G)],
+                                old_lp.shape[1]).to(old_lp.device)  # [N, L-1] # fmt: skip
+        self._measure_engine_gap(seqs, old_lp, engine_lp)
+        tis = None
+        if hp.tis_cap is not None:  # [N, L-1], no grad
+            tis = torch.exp(old_lp - engine_lp).clamp(max=hp.tis_cap) * seqs.mask
+            stats_tis = masked_mean(tis, seqs.mask).item()
         ref_lp = self._logprobs(seqs, self._ref[0]) if self._ref else None
         self._probe = seqs
 
@@ -307,7 +321,8 @@ class PolicyGradientModule(L.LightningModule):
                     logits = self.policy(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
                     lp = gather_logprobs(logits, mb.targets, hp.temperature)  # [n, L-1]
                     loss, st = clipped_policy_loss(lp, old_lp[rows], adv[rows], mb.mask, hp.clip_low, hp.clip_high,
-                                                   normalizer=n_tokens)  # fmt: skip
+                                                   normalizer=n_tokens,
+                                                   token_weights=None if tis is None else tis[rows])  # fmt: skip
                     if ref_lp is not None:
                         ref_kl = (k3_kl(lp, ref_lp[rows]) * mb.mask).sum() / n_tokens
                         loss = loss + hp.kl_coef * ref_kl
@@ -335,6 +350,8 @@ class PolicyGradientModule(L.LightningModule):
                 opt.zero_grad()
         if ref_lp is None:
             stats.pop("policy/ref_kl")
+        if tis is not None:
+            stats["policy/tis_weight_mean"] = stats_tis
 
         self.log_dict(stats, batch_size=len(prompts))
         self._log_health(rollout, start, len(prompts))
@@ -443,8 +460,7 @@ class PolicyGradientModule(L.LightningModule):
             out.append(gather_logprobs(logits, mb.targets, self.hparams.temperature))
         return torch.cat(out)
 
-    def _measure_engine_gap(self, rollout: Rollout, seqs: PackedBatch, trainer_lp: torch.Tensor, plens: list[int]) -> None:
-        engine_lp = right_align(rollout.logprobs, plens, trainer_lp.shape[1]).to(trainer_lp.device)  # [N, L-1]
+    def _measure_engine_gap(self, seqs: PackedBatch, trainer_lp: torch.Tensor, engine_lp: torch.Tensor) -> None:
         diff = (engine_lp - trainer_lp).abs() * seqs.mask
         self.engine_logprob_gap = ((diff.sum() / seqs.mask.sum().clamp_min(1)).item(), diff.max().item())
 

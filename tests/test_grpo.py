@@ -80,3 +80,12 @@ def test_pack_and_align_put_engine_logprobs_on_completion_targets():
     aligned = right_align([[-0.1], [-0.2, -0.3, -0.4]], [3, 1], b.mask.shape[1])
     assert torch.equal(aligned != 0, b.mask.bool())
     assert b.targets[b.mask.bool()].tolist() == [1, 9, 9, 1]
+
+
+def test_token_weights_scale_each_tokens_loss():
+    lp = torch.zeros(1, 2, requires_grad=True)
+    w = torch.tensor([[2.0, 0.5]])
+    loss, _ = clipped_policy_loss(lp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), token_weights=w)
+    assert loss.item() == pytest.approx(-(2.0 + 0.5) / 2)
+    loss.backward()
+    torch.testing.assert_close(lp.grad, -w / 2)

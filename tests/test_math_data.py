@@ -224,3 +224,21 @@ def test_math_source_feeds_the_prompt_data_module():
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert sorted(batch) == ["answer", "prompt", "question"] and len(batch["prompt"]) == 4
+
+
+def test_datamodule_hands_chat_template_to_math_sources(tmp_path):
+    """A chat model's template is applied to GSM8K prompts once the module hands over its tokenizer."""
+    from logra_lightning.data import GSM8KSource, PromptDataModule
+    from logra_lightning.models import build_char_tokenizer
+
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}) + "\n")
+    dm = PromptDataModule(GSM8KSource(str(path)), GSM8KSource(str(path)), batch_size=1)
+    dm.setup("fit")
+    assert dm.train_records[0]["prompt"] == "What is 2+2?"
+    tok = build_char_tokenizer()
+    assert dm.use_tokenizer(tok) is False  # no chat template: nothing changes
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    assert dm.use_tokenizer(tok) is True
+    assert dm.train_records[0]["prompt"] == "<user>What is 2+2?<assistant>"
+    assert dm.val_records[0]["prompt"] == "<user>What is 2+2?<assistant>"

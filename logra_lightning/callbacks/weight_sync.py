@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from logra_lightning.errors import TrainingError
 from logra_lightning.fsdp import gather_update_factors
 from logra_lightning.phases import announce_phase
 from logra_lightning.rollout.base import LowRankUpdate
@@ -65,7 +66,8 @@ class LowRankWeightSync(L.Callback):
 
     Raises:
         ValueError: ``full_sync_every`` is negative or not an int.
-        RuntimeError: the module has no engine at fit start, or sending to the engine
+        RuntimeError: the module has no engine at fit start.
+        TrainingError: (a ``RuntimeError``) sending to the engine
             failed (the message names the global step; training stops before any
             checkpoint of that step is written).
 
@@ -197,7 +199,7 @@ class LowRankWeightSync(L.Callback):
                 else:
                     sent = self._send_lowrank(engine, updates)
             except Exception as e:
-                raise RuntimeError(
+                raise TrainingError(
                     f"LowRankWeightSync: {kind} weight sync to the rollout engine failed at global step "
                     f"{trainer.global_step}: {type(e).__name__}: {e}. Training stopped before checkpointing this "
                     f"step; the last checkpoint is intact, and resuming from it starts with a full sync."

@@ -115,6 +115,25 @@ class PromptDataModule(L.LightningDataModule):
         if not self.val_records and self.val_source is not None:
             self.val_records = self.val_source.load()
 
+    def use_tokenizer(self, tokenizer) -> bool:
+        """Hand the policy's tokenizer to sources that render prompts with a chat template.
+
+        Sources with a ``tokenizer`` attribute (the GSM8K/MATH sources) render each question
+        with ``tokenizer.apply_chat_template`` when the tokenizer has a chat template; their
+        records are loaded again so the prompts use it. Returns True if any source changed.
+        """
+        if not getattr(tokenizer, "chat_template", None):
+            return False
+        changed = False
+        for source, attr in ((self.train_source, "train_records"), (self.val_source, "val_records")):
+            if source is None or not hasattr(source, "tokenizer") or source.tokenizer is tokenizer:
+                continue
+            source.tokenizer = tokenizer
+            if getattr(self, attr):
+                setattr(self, attr, source.load())
+            changed = True
+        return changed
+
     def train_dataloader(self) -> DataLoader:
         world, rank = 1, 0
         if self.trainer is not None:
