@@ -54,7 +54,7 @@ from typing import Any, Callable
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
@@ -532,10 +532,12 @@ class PolicyGradientModule(L.LightningModule):
         if self.trainer.is_global_zero and log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             (Path(log_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-        rank_zero_info(
+        # print, not logging: vLLM reconfigures the logging module, which can silence Lightning's info logger
+        rank_zero_only(print)(
             f"\nheld-out greedy accuracy: before RL {before:.1%} -> after {self.global_step} RL steps {acc:.1%} "
             f"({'+' if acc >= before else ''}{100 * (acc - before):.1f} points, {summary['train_seconds']:.0f} s)\n"
-            f"TensorBoard logs: {log_dir}   (view: tensorboard --logdir runs)"
+            f"TensorBoard logs: {log_dir}   (view: tensorboard --logdir runs)",
+            flush=True,
         )
 
     @override
