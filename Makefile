@@ -32,6 +32,8 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

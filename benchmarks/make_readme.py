@@ -1,0 +1,253 @@
+"""Write ``benchmarks/README.md`` from the results JSON files: every number in it comes from them.
+
+Run after the benchmarks (``benchmarks/run_all.py`` does):
+
+    .venv/bin/python benchmarks/make_readme.py             # results/*.json -> benchmarks/README.md
+    .venv/bin/python benchmarks/make_readme.py --quick     # results/*_quick.json -> results/README_quick.md
+
+A benchmark without a results file gets a "not measured yet" line with its command, never
+a number. Hand edits to the README are overwritten: change this script instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import ROOT, RESULTS  # noqa: E402
+
+MB = 1e6
+COMMANDS = {
+    "optimizer_memory": ".venv/bin/python benchmarks/optimizer_memory.py",
+    "optimizer_step_time": ".venv/bin/python benchmarks/optimizer_memory.py --sizes 100m --rows adamw logra --repeat 3 "
+    "--out benchmarks/results/optimizer_step_time.json",
+    "quality": ".venv/bin/python benchmarks/quality.py",
+    "kl_control": ".venv/bin/python benchmarks/kl_control.py",
+    "sync_cost": ".venv/bin/python benchmarks/sync_cost.py",
+    "trl_grpo": ".venv/bin/python benchmarks/trl_grpo.py",
+}
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _num(x, fmt: str = ".2f") -> str:
+    return "–" if x is None or isinstance(x, str) else format(x, fmt)
+
+
+def _load(load: dict | None) -> str:
+    return "–" if not load else f"{load['1m']:.1f}/{load['5m']:.1f}/{load['15m']:.1f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _missing(name: str, quick: bool) -> list[str]:
+    return [f"_Not measured yet._ Run `{COMMANDS[name]}{' --quick' if quick else ''}`.", ""]
+
+
+def _plot(name: str, quick: bool, results: Path, readme_dir: Path) -> list[str]:
+    png = results / f"{name}{'_quick' if quick else ''}.png"
+    if not png.is_file():
+        return []
+    return [f"![{name}]({png.relative_to(readme_dir) if png.is_relative_to(readme_dir) else png})", ""]
+
+
+def section_optimizer_memory(res: dict) -> tuple[list[str], dict]:
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load (1/5/15 min) at start "
+           f"{_load(res['load_start'])}, at end {_load(res['load_end'])}. Run settings: `{json.dumps(res['run'])}`.", ""]  # fmt: skip
+    for size, rows in res["sizes"].items():
+        params = next((r["params"] for r in rows if r.get("ok")), None)
+        out += [f"**{size}** ({_num(params / 1e6 if params else None, '.1f')}M params, shape "
+                f"`benchmarks/configs/qwen2-{size}.json`)", ""]  # fmt: skip
+        table = []
+        for r in rows:
+            if not r.get("ok"):
+                table.append([r["name"], "failed: " + r.get("error", "")[:160].replace("|", "/").replace("\n", " ")] + [""] * 10)
+                continue
+            table.append([
+                r["name"], _num(r["train_peak_bytes"] / MB, ".0f"), _pct(r.get("train_memory_reduction_vs_adamw")),
+                _num(r["steady_peak_bytes"] / MB, ".0f"), _num(r["optimizer_state_bytes"] / MB, ".1f"),
+                _pct(r.get("state_ratio_vs_adamw")), _num(r["grad_bytes_after_backward"] / MB, ".1f"),
+                _num(r["step_time_s_median"], ".2f"), _num(r.get("step_time_ratio_vs_adamw"), ".2f"),
+                _num(r.get("step_cpu_ratio_vs_adamw"), ".2f"), str(r.get("threads", res["run"]["threads"]))
+                + (f" ×{len(r['repeats'])}" if r.get("repeats") else ""), _load(r.get("load_before")),
+            ])  # fmt: skip
+        out += _table(["row", "training MB", "vs AdamW", "steady MB", "state MB", "state / AdamW", "grads after bwd MB",
+                       "step s (median)", "time × AdamW", "CPU time × AdamW", "threads (× repeats)", "load at start"],
+                       table) + [""]  # fmt: skip
+    out += ["Rows: " + "; ".join(f"`{r['name']}`: {r['description']}" for r in next(iter(res["sizes"].values()))), ""]
+    acc = res.get("acceptance")
+    if acc:
+        t = res["targets"]
+        out += [f"Issue-3 targets ({t['size']}, `{t['row']}`): state ≤ {_pct(t['state_ratio_vs_adamw_max'], 0)} of AdamW's → "
+                f"{_pct(acc['state_ratio_vs_adamw'])} ({'met' if acc['state_ratio_ok'] else 'missed'}); training memory "
+                f"≥ {_pct(t['train_memory_reduction_vs_adamw_min'], 0)} below AdamW → {_pct(acc['train_memory_reduction_vs_adamw'])} "
+                f"({'met' if acc['train_memory_ok'] else 'missed'}); step time ≤ {t['step_time_ratio_vs_adamw_max']}× → "
+                f"{acc['step_time_ratio_vs_adamw']:.2f}× wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× CPU time "
+                f"({'met' if acc['step_time_ok'] else 'missed'} on wall time; timings on a loaded machine are noisy, "
+                f"see the load column).", ""]  # fmt: skip
+    return out, acc or {}
+
+
+def section_quality(res: dict) -> tuple[list[str], dict]:
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}, "
+           f"at end {_load(res['load_end'])}. Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
+           f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
+           f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}.", ""]  # fmt: skip
+    rows = []
+    for row, s in res["summary"].items():
+        if "accuracy_after" not in s:
+            rows.append([row, "–", f"0/{s['runs']} ok", "", "", "", ""])
+            continue
+        a, b = s["accuracy_after"], s["accuracy_before"]
+        lr = st["optimizers"][row]["init_args"]["lr"]
+        rows.append([row, f"{lr:g}", f"{s['ok_runs']}/{s['runs']}", _pct(b["mean"]),
+                     f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})",
+                     _num(s.get("accuracy_after_vs_adamw_points"), "+.1f"), _num(s.get("step_seconds_median"), ".2f")])  # fmt: skip
+    out += _table(["row", "lr", "runs ok", "accuracy before", "accuracy after, % (mean ± std, min–max)",
+                   "vs AdamW (points)", "s/step (median)"], rows) + [""]  # fmt: skip
+    return out, res["summary"]
+
+
+def section_kl(res: dict) -> tuple[list[str], dict]:
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}. "
+           f"Config `{st['config']}`, LoGRA {json.dumps(st['logra'])}, default lr {st['default_lr']:g}, high lr "
+           f"{st['high_lr']:g}, target_kl T = {st['target_kl']:g}, min_scale {st['min_scale']}, measure_every "
+           f"{st['measure_every']}, {st['steps']} steps.", ""]  # fmt: skip
+    rows = []
+    for r in res["runs"]:
+        if not r["ok"]:
+            rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", "failed: " + r["error"][:120].replace("|", "/").replace("\n", " ")] + [""] * 5)
+            continue
+        k = r["kl"]
+        rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", f"{_pct(r['accuracy_before'])} → {_pct(r['accuracy_after'])}",
+                     str(k["measured_steps"]), _pct(k.get("realized_within_1.5T_share")), _num(k.get("realized_max"), ".2e"),
+                     _num(k.get("median_abs_log_realized_over_raw_predicted"), ".2f"), _num(r["step_seconds_median"], ".2f")])  # fmt: skip
+    out += _table(["run", "seed", "lr", "held-out accuracy", "measured steps", "realized ≤ 1.5 T", "max realized KL",
+                   "median abs log(realized / raw predicted)", "s/step"], rows) + [""]  # fmt: skip
+    return out, {}
+
+
+def section_sync(res: dict) -> tuple[list[str], dict]:
+    lo, full = res["lowrank_sync"], res["full_sync"]
+    out = [f"Command: `{res['command']}`. {res['params'] / 1e6:.1f}M-param model, rank {res['rank']}, engine "
+           f"{json.dumps(res['engine'])}, versions {json.dumps(res['versions'])}.", ""]  # fmt: skip
+    out += _table(["sync", "bytes (MB)", "seconds (median)", "each", "logprob gap after (mean / max)"], [
+        ["low-rank factors + dense params", _num(lo["bytes"] / MB, ".1f"), _num(lo["seconds_median"], ".2f"),
+         str(lo["seconds_each"]), f"{res['logprob_gap_after_lowrank_syncs']['mean']:.1e} / {res['logprob_gap_after_lowrank_syncs']['max']:.1e}"],
+        ["full weights", _num(full["bytes"] / MB, ".1f"), _num(full["seconds_median"], ".2f"), str(full["seconds_each"]),
+         f"{res['logprob_gap_after_full_sync']['mean']:.1e} / {res['logprob_gap_after_full_sync']['max']:.1e}"],
+    ]) + ["", f"Bytes ratio low-rank / full: **{res['bytes_ratio']:.3f}**."
+          + ("" if any(k.startswith("load") for k in res) else " No load average was recorded with this result."), ""]  # fmt: skip
+    return out, res
+
+
+def section_trl(res: dict) -> tuple[list[str], dict]:
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}, at end "
+           f"{_load(res['load_end'])}. {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+           f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts.", ""]  # fmt: skip
+    rows = []
+    for r in res["rows"]:
+        if not r.get("ok"):
+            rows.append([r["row"], "failed: " + r.get("error", "")[:160].replace("|", "/").replace("\n", " "), "", "", "", ""])
+            continue
+        rows.append([r["row"] + (f" (trl {r['version']})" if r.get("version") else ""), _num(r["peak_bytes"] / MB, ".0f"),
+                     _num(r["step_seconds_median"], ".2f"), f"{_pct(r['accuracy_before'])} → {_pct(r['accuracy_after'])}",
+                     str(r["steps"]), _load(r.get("load_before"))])  # fmt: skip
+    out += _table(["row", "training memory MB", "s/step (median)", "held-out accuracy", "steps", "load at start"], rows) + [""]
+    return out, {}
+
+
+SECTIONS = [("optimizer_memory", "Optimizer memory and speed", section_optimizer_memory),
+            ("optimizer_step_time", "Step time: 1 thread, rows interleaved and repeated", section_optimizer_memory),
+            ("quality", "Quality: held-out accuracy on the arithmetic RL task", section_quality),
+            ("kl_control", "KL step control at a high learning rate", section_kl),
+            ("sync_cost", "Weight sync to vLLM", section_sync),
+            ("trl_grpo", "A full framework: TRL GRPOTrainer", section_trl)]  # fmt: skip
+
+
+def _headline(found: dict) -> list[str]:
+    out = ["## Headline numbers", ""]
+    acc = found.get("optimizer_memory")
+    timing = found.get("optimizer_step_time")
+    if acc and timing:  # the interleaved 1-thread pass is the better step-time measurement under load
+        acc = {**acc, **{k: timing[k] for k in ("step_time_ratio_vs_adamw", "step_cpu_ratio_vs_adamw")}}
+    if acc:
+        def flag(ok: bool) -> str:
+            return "target met" if ok else "**target missed**"
+
+        out += [f"- Training memory, ~100M model, LoGRA rank 64: **{_pct(acc['train_memory_reduction_vs_adamw'])} below "
+                f"AdamW** (≥ 45%: {flag(acc['train_memory_ok'])}); optimizer state **{_pct(acc['state_ratio_vs_adamw'])}** "
+                f"of AdamW's (≤ 10%: {flag(acc['state_ratio_ok'])}); step time **{acc['step_time_ratio_vs_adamw']:.2f}× "
+                f"AdamW** wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× in CPU time (≤ 1.15×: "
+                f"{flag(acc['step_time_ratio_vs_adamw'] <= 1.15)}) ([table](#optimizer-memory-and-speed))."]  # fmt: skip
+    q = found.get("quality")
+    if q:
+        parts = [f"{row} {s['accuracy_after_vs_adamw_points']:+.1f}" for row, s in q.items()
+                 if row != "adamw" and "accuracy_after_vs_adamw_points" in s]  # fmt: skip
+        if parts:
+            out += [f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
+                    "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."]
+    s = found.get("sync_cost")
+    if s:
+        out += [f"- Sync to vLLM: low-rank sends **{s['bytes_ratio']:.3f}×** the bytes of a full sync "
+                f"({s['lowrank_sync']['seconds_median']:.2f} s vs {s['full_sync']['seconds_median']:.2f} s) "
+                "([table](#weight-sync-to-vllm))."]  # fmt: skip
+    return out + (["- _No full results yet._"] if len(out) == 2 else []) + [""]
+
+
+def build(quick: bool, results: Path, readme: Path) -> str:
+    body, found, machine = [], {}, None
+    for name, title, fn in SECTIONS:
+        body += [f"## {title}", ""]
+        path = results / f"{name}{'_quick' if quick else ''}.json"
+        if not path.is_file():
+            body += _missing(name, quick)
+            continue
+        res = json.loads(path.read_text())
+        machine = machine or res.get("machine")
+        lines, found[name] = fn(res)
+        body += lines + _plot(name, quick, results, readme.parent)
+    head = ["# Benchmarks", "",
+            f"_Generated by `benchmarks/make_readme.py` from `{results.relative_to(ROOT) if results.is_relative_to(ROOT) else results}/"
+            f"*{'_quick' if quick else ''}.json`; do not edit by hand._"
+            + (" **Quick smoke results: tiny sizes, not measurements.**" if quick else ""), ""]  # fmt: skip
+    head += _headline(found)
+    head += ["## How to reproduce", "", "```", "make bench                                  # installs the `bench` extra, runs everything",
+             ".venv/bin/python benchmarks/run_all.py      # the same without the install",
+             ".venv/bin/python benchmarks/run_all.py --quick   # every script's --quick mode (CI smoke)", *COMMANDS.values(),
+             ".venv/bin/python benchmarks/plots.py && .venv/bin/python benchmarks/make_readme.py", "```", ""]  # fmt: skip
+    if machine:
+        v = machine.get("versions", {})
+        head += ["## Machine", "", f"{machine['cpu']}, {machine['cores']} cores, "
+                 f"{_num((machine.get('mem_total_bytes') or 0) / 2**30, '.0f')} GiB, no GPU; Python {machine['python']}; "
+                 + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ". The machine is shared: every table gives the "
+                 "load average (1/5/15 min, runnable processes on 2 cores) when it was measured; memory numbers are robust "
+                 "to load, wall-clock times are not (CPU-time ratios are given beside them).", ""]  # fmt: skip
+    return "\n".join(head + body) + "\n"
+
+
+def main(argv=None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="from *_quick.json into results/README_quick.md")
+    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    results = Path(args.results)
+    out = Path(args.out) if args.out else (results / "README_quick.md" if args.quick else ROOT / "benchmarks" / "README.md")
+    out.write_text(build(args.quick, results, out))
+    print(f"wrote {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

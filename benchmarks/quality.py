@@ -1,0 +1,179 @@
+"""Held-out accuracy on the arithmetic RL task: AdamW vs LoGRA (ranks 4/8/16/32) vs GaLore, 3 seeds.
+
+Run (full: the settings of ``configs/``, 6 optimizers x 3 seeds = 18 ``logra fit`` runs):
+
+    .venv/bin/python benchmarks/quality.py
+    .venv/bin/python benchmarks/quality.py --lr 3e-5 --steps 300          # override the configs' lr / steps
+    .venv/bin/python benchmarks/quality.py --quick                         # 1 seed, 2 ranks, 4 steps (CI)
+
+Every run is a real ``logra fit --config <AdamW config>`` in its own process with the optimizer
+replaced on the command line, so all rows share the loop, task, reward, batch, group size,
+sampling and evaluation: greedy held-out accuracy before RL, every ``val_check_interval``
+steps, and after the last step (``val/accuracy`` in TensorBoard, ``summary.json``). Rows:
+
+* ``adamw``: the config's ``torch.optim.AdamW``;
+* ``logra_r{4,8,16,32}``: :class:`logra_lightning.optim.LoGRA` at that rank (every 2-D
+  param low-rank, the library default), ``update_proj_gap`` from the LoGRA config;
+* ``galore_r16``: ``galore_torch.GaLoreAdamW`` through :mod:`benchmarks.galore_named`
+  (attention/MLP low-rank, ``scale=1``).
+
+Defaults are read, not hard-coded: ``lr``/``max_steps``/``val_check_interval`` from the AdamW
+config (``--config``); the LoGRA rows' ``lr`` and ``update_proj_gap`` from the first LoGRA
+config found (``--logra-config``, else ``configs/arithmetic_tiny_logra.yaml``, else
+``configs/arithmetic_tiny.yaml`` when it selects LoGRA), else the AdamW lr and gap 50.
+GaLore uses the LoGRA rows' lr. ``--lr`` sets every row's lr. Seeds change the model's
+sampling and the prompt order (``seed_everything``, ``data.seed``); the held-out split is fixed.
+Results: ``benchmarks/results/quality[_quick].json`` with per-run curves and per-row mean/std.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import (  # noqa: E402
+    CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, logra_fit, machine_info, write_result,
+)  # fmt: skip
+
+LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
+QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64)
+
+
+def find_logra_config(explicit: str | None) -> str | None:
+    """The LoGRA config whose lr/gap the LoGRA rows use (``None``: none in ``configs/``)."""
+    if explicit:
+        return explicit
+    for name in LOGRA_CONFIGS:
+        path = CONFIGS / name
+        if path.is_file() and "LoGRA" in str(config_defaults(path)["optimizer"]):
+            return str(path)
+    return None
+
+
+def _gap(path: str | None) -> int:
+    import yaml
+
+    if path is None:
+        return 50
+    init = (yaml.safe_load(Path(path).read_text()).get("model", {}).get("optimizer", {}) or {}).get("init_args", {})
+    return int(init.get("update_proj_gap", 50))
+
+
+def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int) -> dict[str, dict]:
+    """Row name -> the ``--model.optimizer`` value of that row."""
+    rows = {"adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": adamw_lr, "weight_decay": 0.0}}}
+    for r in args.ranks:
+        rows[f"logra_r{r}"] = {"class_path": "logra_lightning.optim.LoGRA",
+                               "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap}}  # fmt: skip
+    rows[f"galore_r{args.galore_rank}"] = {
+        "class_path": "benchmarks.galore_named.GaLoreAdamWNamed",
+        "init_args": {"lr": logra_lr, "rank": args.galore_rank, "update_proj_gap": gap, "scale": 1.0},
+    }
+    if args.rows:
+        unknown = set(args.rows) - set(rows)
+        if unknown:
+            raise SystemExit(f"unknown --rows {sorted(unknown)} (allowed: {', '.join(rows)})")
+        rows = {k: v for k, v in rows.items() if k in args.rows}
+    return rows
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}  # fmt: skip
+
+
+def summarize(runs: list[dict]) -> dict[str, dict]:
+    """Per row: accuracy after RL (mean/std/min/max over seeds), the mean curve, median step seconds."""
+    out: dict[str, dict] = {}
+    for row in dict.fromkeys(r["row"] for r in runs):
+        ok = [r for r in runs if r["row"] == row and r["ok"]]
+        entry: dict = {"runs": len([r for r in runs if r["row"] == row]), "ok_runs": len(ok)}
+        if ok:
+            entry["accuracy_before"] = _stats([r["accuracy_before"] for r in ok])
+            entry["accuracy_after"] = _stats([r["accuracy_after"] for r in ok])
+            steps = sorted(set.intersection(*(set(s for s, _ in r["curve"]) for r in ok)))
+            entry["curve"] = [[s, *(lambda v: [v["mean"], v["std"]])(_stats([dict(r["curve"])[s] for r in ok]))]
+                              for s in steps]  # fmt: skip
+            entry["step_seconds_median"] = statistics.median(r["step_seconds_median"] for r in ok)
+        out[row] = entry
+    base = out.get("adamw", {}).get("accuracy_after")
+    for entry in out.values():
+        if base and "accuracy_after" in entry:
+            entry["accuracy_after_vs_adamw_points"] = 100 * (entry["accuracy_after"]["mean"] - base["mean"])
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, ranks 8 and 16, 4 steps, 64 held-out prompts")
+    ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"), help="the AdamW RL config")
+    ap.add_argument("--logra-config", default=None, help="config whose LoGRA lr/update_proj_gap the low-rank rows use")
+    ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
+    ap.add_argument("--val-every", type=int, default=None, help="steps between held-out evaluations")
+    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
+    ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
+    ap.add_argument("--galore-rank", type=int, default=16)
+    ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/quality[_quick].json)")
+    ap.add_argument("--work-dir", default=str(WORK_DIR / "quality"), help="TensorBoard logs of the runs")
+    args = ap.parse_args(argv)
+    base = config_defaults(args.config)
+    logra_cfg = find_logra_config(args.logra_config)
+    logra = config_defaults(logra_cfg) if logra_cfg else None
+    steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
+    val_every = min(args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"]), steps)
+    args.seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
+    args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
+    adamw_lr = args.lr or base["lr"]
+    logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
+    gap = _gap(logra_cfg)
+    rows = plan_rows(args, adamw_lr, logra_lr, gap)
+    common = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(val_every)]
+    if args.quick:
+        size = str(QUICK["test_size"])
+        common += ["--data.train.init_args.test_size", size, "--data.val.init_args.test_size", size]
+    started, load_start = time.time(), load_average()
+    runs = []
+    for seed in args.seeds:
+        for row, optimizer in rows.items():
+            name = f"{row}_seed{seed}"
+            res = logra_fit(name, args.config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed)],
+                            optimizer=optimizer, work_dir=Path(args.work_dir))  # fmt: skip
+            run = {"row": row, "seed": seed, "lr": optimizer["init_args"]["lr"], "ok": res["ok"],
+                   "seconds": res["seconds"], "load_before": res["load_before"], "load_after": res["load_after"],
+                   "command": res["command"]}  # fmt: skip
+            if res["ok"]:
+                sc = res["scalars"]
+                run.update(accuracy_before=res["summary"]["accuracy_before"], accuracy_after=res["summary"]["accuracy_after"],
+                           curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
+                           reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
+                           step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]))  # fmt: skip
+            else:
+                run["error"] = res["error"]
+            runs.append(run)
+            print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
+                                 if run["ok"] else f"FAILED {run['error'][-300:]}"), flush=True)  # fmt: skip
+    result = {
+        "command": "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
+        "wall_seconds": round(time.time() - started, 1),
+        "settings": {"config": base["config"], "logra_config": logra["config"] if logra else None,
+                     "steps": steps, "val_check_interval": val_every, "seeds": args.seeds,
+                     "adamw_lr": adamw_lr, "logra_lr": logra_lr, "update_proj_gap": gap,
+                     "batch_size": base["batch_size"], "group_size": base["group_size"],
+                     "held_out_prompts": QUICK["test_size"] if args.quick else base["held_out_prompts"],
+                     "optimizers": rows},
+        "summary": summarize(runs),
+        "runs": runs,
+    }  # fmt: skip
+    write_result(Path(args.out) if args.out else RESULTS / f"quality{'_quick' if args.quick else ''}.json", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

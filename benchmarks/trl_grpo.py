@@ -1,0 +1,267 @@
+"""A full framework beside this one: TRL's ``GRPOTrainer`` vs ``logra fit`` on the same tiny RL task.
+
+Run (full: the AdamW config's steps, ~3 runs of a few minutes each on 2 cores):
+
+    .venv/bin/python benchmarks/trl_grpo.py
+    .venv/bin/python benchmarks/trl_grpo.py --lr 3e-5 --steps 300
+    .venv/bin/python benchmarks/trl_grpo.py --quick          # 3 steps, 64 held-out prompts (CI)
+
+Rows, each in its own process (``--worker``), all on ``builtin:arithmetic-tiny`` (the warmed-up
+tiny Qwen2 of :mod:`logra_lightning.warmup`), 1 torch thread, fp32, no activation checkpointing:
+
+* ``trl_grpo``: ``trl.GRPOTrainer`` (version pinned in ``pyproject.toml``'s ``bench`` extra),
+  its own generation (``model.generate`` on CPU, no vLLM), ``torch.optim.AdamW``;
+* ``logra_adamw``: ``logra fit`` with the AdamW config (in-process, ``cli.main``);
+* ``logra_logra``: the same with LoGRA (rank and gap as :mod:`benchmarks.quality` picks them).
+
+Matched to the config: prompts per step (``batch_size``), ``group_size`` samples per prompt,
+``max_new_tokens``, temperature, lr (constant, no warm-up, no gradient clipping: the Lightning
+loop has neither), token-level PPO-clip loss with ``clip_low``/``clip_high`` 0.2/0.28
+(TRL ``loss_type="dapo"``, ``epsilon_high=0.28``), group-std-normalized advantages, no KL
+term (``beta=0``), one optimizer step per rollout batch, exact-match reward. Held-out accuracy
+of every row is measured with the same code (greedy, :class:`~logra_lightning.rollout.HFEngine`,
+:class:`~logra_lightning.rewards.ExactMatchReward`) before and after training. Memory is
+measured like :mod:`benchmarks.optimizer_memory`: VmHWM over the run minus VmRSS after imports,
+before the model is loaded. If TRL cannot run here its row records the error.
+Results: ``benchmarks/results/trl_grpo[_quick].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import (  # noqa: E402
+    CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, machine_info, write_result,
+)  # fmt: skip
+from benchmarks.quality import QUICK, _gap, find_logra_config  # noqa: E402
+
+ROWS = ("trl_grpo", "logra_adamw", "logra_logra")
+QUICK_STEPS = 3
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    for line in open("/proc/self/status"):
+        if line.startswith(("VmRSS", "VmHWM")):
+            key, val = line.split(":")
+            out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def held_out_accuracy(model, tok, records: list[dict], max_new_tokens: int, batch: int = 128) -> float:
+    """Greedy exact-match accuracy, the same computation as ``PolicyGradientModule.evaluate``."""
+    import torch
+
+    from logra_lightning.rewards import ExactMatchReward
+    from logra_lightning.rollout import HFEngine, SamplingConfig
+
+    engine, reward, hits = HFEngine(model, tok), ExactMatchReward(), []
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(records), batch):
+            chunk = records[i : i + batch]
+            out = engine.generate([tok.encode(r["prompt"]) for r in chunk], n=1,
+                                  sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))  # fmt: skip
+            hits += reward([r["prompt"] for r in chunk], out.texts, [r["answer"] for r in chunk])
+    model.train(was_training)
+    return sum(hits) / len(hits)
+
+
+def _sources(s: dict):
+    from logra_lightning.data import ArithmeticSource
+
+    kw = dict(max_digits=2, ops="+", test_size=s["test_size"], seed=0)
+    return ArithmeticSource("train", **kw).load(), ArithmeticSource("test", **kw).load()
+
+
+def run_trl(s: dict) -> dict:
+    """Train with ``trl.GRPOTrainer``; returns timings, accuracy and memory fields."""
+    import torch
+
+    torch.set_num_threads(1)
+    import datasets
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (model code imported before the baseline)
+    import trl
+    from transformers import TrainerCallback
+
+    from logra_lightning.models import load_policy
+    from logra_lightning.rewards import ExactMatchReward
+    from logra_lightning.warmup import resolve_model
+
+    path = resolve_model("builtin:arithmetic-tiny")
+    train, test = _sources(s)
+    dataset = datasets.Dataset.from_list(train)
+    exact = ExactMatchReward()
+
+    def exact_match(prompts, completions, answer, **_):
+        return exact(prompts, completions, answer)
+
+    step_times: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            step_times.append(time.perf_counter() - self.t0)
+
+    _reset_peak()
+    rss_before = _status()["VmRSS"]
+    model, tok = load_policy(path)
+    acc_before = held_out_accuracy(model, tok, test, s["max_new_tokens"])
+    n = s["batch_size"] * s["group_size"]
+    cfg = trl.GRPOConfig(
+        output_dir=str(WORK_DIR / "trl_grpo"), max_steps=s["steps"], learning_rate=s["lr"],
+        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=0.0, weight_decay=0.0, optim="adamw_torch",
+        per_device_train_batch_size=n, num_generations=s["group_size"], steps_per_generation=1,
+        gradient_accumulation_steps=1, num_iterations=1, max_completion_length=s["max_new_tokens"],
+        temperature=s["temperature"], top_p=1.0, beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
+        scale_rewards="group", use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        save_strategy="no", report_to="none", logging_steps=1, seed=s["seed"], data_seed=s["seed"],
+        dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=exact_match, args=cfg, train_dataset=dataset,
+                              processing_class=tok, callbacks=[StepTimer()])  # fmt: skip
+    t0 = time.perf_counter()
+    out = trainer.train()
+    seconds = time.perf_counter() - t0
+    acc_after = held_out_accuracy(trainer.model, tok, test, s["max_new_tokens"])
+    rewards = [[h["step"], h["reward"]] for h in trainer.state.log_history if "reward" in h]
+    return {"version": trl.__version__, "accuracy_before": acc_before, "accuracy_after": acc_after,
+            "steps": int(out.global_step), "train_seconds": seconds, "step_seconds": step_times,
+            "reward_mean": rewards, "rss_before_model_bytes": rss_before}  # fmt: skip
+
+
+def run_logra(s: dict, optimizer: dict) -> dict:
+    """``logra fit`` in this process (``cli.main``), so this process's VmHWM is the run's peak."""
+    import lightning  # noqa: F401  (imports before the baseline, as for TRL)
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401
+
+    from benchmarks.common import config_callbacks, tb_scalars
+    from logra_lightning.cli import main as logra_main
+    from logra_lightning.warmup import resolve_model
+
+    resolve_model("builtin:arithmetic-tiny")  # build/cache outside the measurement
+    name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}"
+    args = ["fit", "--config", s["config"], "--trainer.max_steps", str(s["steps"]),
+            "--trainer.val_check_interval", str(s["steps"]), "--trainer.enable_checkpointing", "false",
+            "--trainer.logger.init_args.save_dir", str(WORK_DIR), "--trainer.logger.init_args.name", name,
+            "--trainer.logger.init_args.version", "0", "--trainer.enable_progress_bar", "false",
+            "--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]),
+            "--data.train.init_args.test_size", str(s["test_size"]), "--data.val.init_args.test_size", str(s["test_size"]),
+            "--model.optimizer", json.dumps(optimizer), "--trainer.callbacks", json.dumps(config_callbacks(s["config"]))]  # fmt: skip
+    _reset_peak()
+    rss_before = _status()["VmRSS"]
+    t0 = time.perf_counter()
+    cli = logra_main(args)
+    seconds = time.perf_counter() - t0
+    log_dir = cli.trainer.log_dir
+    summary = json.loads((Path(log_dir) / "summary.json").read_text())
+    sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean"])
+    return {"accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
+            "steps": summary["steps"], "train_seconds": summary["train_seconds"], "fit_seconds": seconds,
+            "step_seconds": [v for _, v in sc["perf/step_seconds"]], "reward_mean": sc.get("reward/mean", []),
+            "rss_before_model_bytes": rss_before}  # fmt: skip
+
+
+def settings(args) -> dict:
+    base = config_defaults(args.config)
+    logra_cfg = find_logra_config(args.logra_config)
+    logra = config_defaults(logra_cfg) if logra_cfg else None
+    lr = args.lr or base["lr"]
+    import yaml
+
+    test_size = yaml.safe_load(Path(args.config).read_text())["data"]["val"]["init_args"].get("test_size", 256)
+    return {"config": args.config, "steps": args.steps or (QUICK_STEPS if args.quick else base["max_steps"]),
+            "lr": lr, "logra_lr": args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
+            "logra_rank": (logra or {}).get("rank") or 8, "update_proj_gap": _gap(logra_cfg),
+            "batch_size": base["batch_size"], "group_size": base["group_size"], "max_new_tokens": base["max_new_tokens"],
+            "temperature": base["temperature"], "seed": args.seed,
+            "test_size": QUICK["test_size"] if args.quick else test_size}  # fmt: skip
+
+
+def worker(row: str, s: dict) -> dict:
+    if row == "trl_grpo":
+        out = run_trl(s)
+    elif row == "logra_adamw":
+        out = run_logra(s, {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lr"], "weight_decay": 0.0}})
+    elif row == "logra_logra":
+        out = run_logra(s, {"class_path": "logra_lightning.optim.LoGRA",
+                            "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]}})  # fmt: skip
+    else:
+        raise ValueError(f"unknown row {row!r} (allowed: {', '.join(ROWS)})")
+    st = _status()
+    steady = out["step_seconds"][1:] or out["step_seconds"]
+    return {**out, "row": row, "ok": True, "peak_bytes": st["VmHWM"] - out["rss_before_model_bytes"],
+            "step_seconds_median": statistics.median(steady) if steady else None}  # fmt: skip
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps, 64 held-out prompts")
+    ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"))
+    ap.add_argument("--logra-config", default=None)
+    ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows", nargs="*", default=list(ROWS))
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/trl_grpo[_quick].json)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    s = settings(args)
+    if args.worker:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        load_before = load_average()
+        try:
+            row = worker(args.worker, s)
+        except Exception as e:  # e.g. TRL cannot run on this machine: record why
+            row = {"row": args.worker, "ok": False, "error": f"{type(e).__name__}: {e}",
+                   "traceback_tail": traceback.format_exc()[-2000:]}  # fmt: skip
+        row.update(load_before=load_before, load_after=load_average())
+        Path(args.worker_out).write_text(json.dumps(row))
+        return row
+    started, load_start, rows = time.time(), load_average(), []
+    for name in args.rows:
+        out = WORK_DIR / f"trl_worker_{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.unlink(missing_ok=True)
+        passed = sys.argv[1:] if argv is None else argv
+        cmd = [sys.executable, __file__, "--worker", name, "--worker-out", str(out), *passed]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+            err = f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
+        except subprocess.TimeoutExpired:
+            err = f"worker timed out after {args.timeout:.0f} s"
+        row = json.loads(out.read_text()) if out.exists() else {"row": name, "ok": False, "error": err}
+        rows.append(row)
+        print(json.dumps({k: row.get(k) for k in ("row", "ok", "accuracy_before", "accuracy_after", "peak_bytes",
+                                                  "step_seconds_median", "error")}), flush=True)  # fmt: skip
+    result = {
+        "command": "python benchmarks/trl_grpo.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
+        "wall_seconds": round(time.time() - started, 1), "settings": s, "rows": rows,
+    }  # fmt: skip
+    write_result(Path(args.out) if args.out else RESULTS / f"trl_grpo{'_quick' if args.quick else ''}.json", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The benchmarks' ``--quick`` modes run and write result files with the expected fields (not values).
+
+The fast test (in ``make test``) runs ``optimizer_memory.py --quick`` on three rows and feeds its
+result to the plot and README generators. The others run each script's whole quick mode
+(several minutes together: ``slow``). Peers that are not installed (``galore-torch``,
+``apollo-torch``, ``bitsandbytes``, ``trl``: the ``bench`` extra) must show up as failed rows
+with an error, never as missing rows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import kl_control, make_readme, optimizer_memory, plots, quality, trl_grpo  # noqa: E402
+
+MEMORY_ROW_FIELDS = {"train_peak_bytes", "steady_peak_bytes", "optimizer_state_bytes", "grad_bytes_after_backward",
+                     "step_time_s_median", "step_cpu_s_median", "rss_before_model_bytes", "load_before", "load_after"}  # fmt: skip
+LOAD = {"1m", "5m", "15m"}
+
+
+def _check_rows_recorded(rows: list[dict], key: str, wanted: list[str]) -> None:
+    assert [r[key] for r in rows] == wanted, "every planned row is recorded, failed ones included"
+    for r in rows:
+        assert isinstance(r["ok"], bool)
+        if not r["ok"]:
+            assert r["error"], f"failed row {r[key]} must say why"
+
+
+def _check_header(res: dict) -> None:
+    assert set(res["load_start"]) == LOAD and set(res["load_end"]) == LOAD
+    assert res["machine"]["cores"] >= 1 and "torch" in res["machine"]["versions"]
+    assert res["command"].startswith("python benchmarks/")
+
+
+def test_optimizer_memory_quick_fields_plots_and_readme(tmp_path: Path) -> None:
+    rows = ["adamw", "logra", "galore"]
+    res = optimizer_memory.main(["--quick", "--rows", *rows, "--out", str(tmp_path / "optimizer_memory_quick.json")])
+    assert json.loads((tmp_path / "optimizer_memory_quick.json").read_text()) == res
+    _check_header(res)
+    assert set(res["sizes"]) == {"quick"} and res["shapes"]["quick"]["model_type"] == "qwen2"
+    got = res["sizes"]["quick"]
+    _check_rows_recorded(got, "name", rows)
+    for r in got[:2]:  # adamw and logra need nothing outside the project
+        assert r["ok"], r.get("error")
+        assert MEMORY_ROW_FIELDS <= set(r)
+        assert {"state_ratio_vs_adamw", "train_memory_reduction_vs_adamw", "step_time_ratio_vs_adamw",
+                "step_cpu_ratio_vs_adamw"} <= set(r)  # fmt: skip
+
+    written = plots.main(["--quick", "--results", str(tmp_path)])
+    assert [p.name for p in written] == ["optimizer_memory_quick.png"] and written[0].stat().st_size > 1000
+    readme = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")])
+    text = readme.read_text()
+    assert "## Optimizer memory and speed" in text and "| adamw |" in text
+    assert "_Not measured yet._ Run `.venv/bin/python benchmarks/quality.py --quick`" in text
+
+
+@pytest.mark.slow
+def test_optimizer_memory_quick_all_rows(tmp_path: Path) -> None:
+    res = optimizer_memory.main(["--quick", "--out", str(tmp_path / "om.json")])
+    _check_rows_recorded(res["sizes"]["quick"], "name", optimizer_memory.ROWS)
+
+
+@pytest.mark.slow
+def test_quality_quick(tmp_path: Path) -> None:
+    res = quality.main(["--quick", "--out", str(tmp_path / "q.json"), "--work-dir", str(tmp_path / "runs")])
+    _check_header(res)
+    assert res["settings"]["seeds"] == [0] and res["settings"]["steps"] == quality.QUICK["steps"]
+    rows = ["adamw", "logra_r8", "logra_r16", "galore_r16"]
+    _check_rows_recorded(res["runs"], "row", rows)
+    for run in res["runs"][:3]:
+        assert run["ok"], run.get("error")
+        assert {"accuracy_before", "accuracy_after", "curve", "step_seconds_median", "load_before"} <= set(run)
+        assert run["curve"][0][0] == 0 and len(run["curve"]) >= 2
+    assert {"accuracy_after", "curve", "ok_runs"} <= set(res["summary"]["logra_r8"])
+    assert "accuracy_after_vs_adamw_points" in res["summary"]["logra_r8"]
+
+
+@pytest.mark.slow
+def test_kl_control_quick(tmp_path: Path) -> None:
+    res = kl_control.main(["--quick", "--out", str(tmp_path / "kl.json"), "--work-dir", str(tmp_path / "runs")])
+    _check_header(res)
+    assert {"default_lr", "high_lr", "target_kl", "measure_every"} <= set(res["settings"])
+    _check_rows_recorded(res["runs"], "row", ["default_lr", "high_lr", "high_lr_kl_control"])
+    for run in res["runs"]:
+        assert run["ok"], run.get("error")
+        assert {"kl/realized", "kl/predicted", "kl/step_scale", "val/accuracy"} <= set(run["curves"])
+        assert {"measured_steps", "realized_within_1.5T_share", "median_abs_log_realized_over_raw_predicted"} <= set(run["kl"])
+
+
+@pytest.mark.slow
+def test_trl_grpo_quick(tmp_path: Path) -> None:
+    res = trl_grpo.main(["--quick", "--out", str(tmp_path / "trl.json")])
+    _check_header(res)
+    _check_rows_recorded(res["rows"], "row", list(trl_grpo.ROWS))
+    for r in res["rows"]:
+        if r["ok"]:
+            assert {"peak_bytes", "step_seconds_median", "accuracy_before", "accuracy_after", "steps"} <= set(r)
+            assert r["steps"] == trl_grpo.QUICK_STEPS
+    assert all(r["ok"] for r in res["rows"] if r["row"] != "trl_grpo"), "the logra rows need no peer"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sync_cost_quick_fields(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from benchmarks import sync_cost
+
+    res = sync_cost.main(["--quick"])
+    assert {"bytes", "seconds_median"} <= set(res["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(res["full_sync"])
+    assert isinstance(res["bytes_ratio"], float)
+    shutil.copy(ROOT / "benchmarks" / "results" / "sync_cost_quick.json", tmp_path)
+    assert plots.main(["--quick", "--results", str(tmp_path)])[0].name == "sync_cost_quick.png"
