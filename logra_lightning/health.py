@@ -52,8 +52,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def grads_finite(optimizer: torch.optim.Optimizer) -> bool:
     """True when every gradient, and every accumulated LoGRA sketch, of ``optimizer``'s params is finite.
 
-    LoGRA frees the gradients of low-rank params in backward and keeps their sketches in
-    ``optimizer.state[p]["sketch"]``; those are checked instead. Under FSDP2 each rank checks
+    LoGRA frees the gradients of low-rank params in backward and keeps their sketches
+    (``optimizer.gradient_sketches()``); those are checked instead. Under FSDP2 each rank checks
     its local shards (callers all-reduce the answer).
     """
     optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the real one
@@ -62,8 +62,6 @@ def grads_finite(optimizer: torch.optim.Optimizer) -> bool:
         for p in group["params"]:
             if p.grad is not None:
                 flags.append(torch.isfinite(_local(p.grad)).all())
-            state = optimizer.state.get(p)
-            sketch = state.get("sketch") if isinstance(state, dict) else None
-            if torch.is_tensor(sketch):
-                flags.append(torch.isfinite(sketch).all())
+    for sketch in getattr(optimizer, "gradient_sketches", list)():
+        flags.append(torch.isfinite(sketch).all())
     return bool(torch.stack(flags).all()) if flags else True

@@ -20,8 +20,9 @@ element (4 for fp32, 2 for bf16):
   (biases, norms): low-rank gradients are sketched and freed in their post-accumulate hook.
 * optimizer state: AdamW ``exp_avg``/``exp_avg_sq`` in the parameter dtype + an fp32 ``step``;
   LoGRA per low-rank ``[m, n]`` matrix, all fp32, right side (``m <= n``, and embeddings):
-  basis ``[n/N, r]``, ``exp_avg``/``exp_avg_sq``/``sketch`` ``[m/N, r]``; left side: basis
-  ``[m/N, r]``, moments ``[r, n/N]``, sketch ``[r, n]``; int64 ``step`` and ``seed``. Dense
+  basis ``[n/N, r]``, ``exp_avg``/``exp_avg_sq`` ``[m/N, r]``; left side: basis
+  ``[m/N, r]``, moments ``[r, n/N]``; int64 ``step`` and ``seed``. The gradient sketch (``[m/N, r]``
+  or ``[r, n]``) exists only from backward to the step and is counted with the transients. Dense
   group: fp32 AdamW moments + int64 ``step`` (what ``optim/logra.py`` allocates).
 * activations saved per token per decoder layer (counted tensor by tensor on HF Qwen2, Qwen3 and
   Gemma 3 in ``tests/test_plan.py``): each RMSNorm before a linear ``(4 + 2c) h + 4`` (fp32
@@ -179,15 +180,16 @@ def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int) -> dict[str, int]
 
     The side comes from the global shape (right if ``m <= n``; embeddings always right). Under
     FSDP2 every state tensor is sharded: right: basis rows ``[n_j, r]`` (all-gathered to ``[n, r]``
-    in the hook and from ``prepare_update`` to the update), moments and sketch ``[m_i, r]``; left:
-    basis ``[m_i, r]``, moments ``[r, n_j]``, sketch ``[r, n]`` (the partial ``P_i.T G_i``).
+    in the hook and from ``prepare_update`` to the update), moments ``[m_i, r]``; left: basis
+    ``[m_i, r]``, moments ``[r, n_j]``. The gradient sketch (``[m_i, r]`` right, ``[r, n]`` left: the
+    partial ``P_i.T G_i``) lives only from backward to the step, like a gradient.
     """
     rows, cols, sharded = _shard(m.rows, n_gpus), _shard(m.cols, n_gpus), n_gpus > 1
     if m.embedding or m.rows <= m.cols:
-        return dict(state=cols * rank + 3 * rows * rank, moment=rows * rank, direction=rows * rank,
+        return dict(state=cols * rank + 2 * rows * rank, sketch=rows * rank, moment=rows * rank, direction=rows * rank,
                     range=m.cols * k, omega=rows * k, held_basis=m.cols * rank if sharded else 0,
                     refresh_input=m.cols * k)  # fmt: skip
-    return dict(state=rows * rank + 2 * rank * cols + rank * m.cols, moment=rank * cols, direction=rank * m.cols,
+    return dict(state=rows * rank + 2 * rank * cols, sketch=rank * m.cols, moment=rank * cols, direction=rank * m.cols,
                 range=rows * k, omega=m.cols * k, held_basis=0, refresh_input=m.rows * k)  # fmt: skip
 
 
@@ -222,7 +224,9 @@ def logra_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:
     for m in arch.matrices():
         lay = _lowrank_layout(m, r, k, n)
         state += m.count * (4 * lay["state"] + 16)  # fp32 tensors + int64 step and seed
-        ranges += m.count * 4 * lay["range"]
+        # gradient sketches (like gradients: alive from backward to the step, not optimizer state)
+        # and, on refresh steps, range sketches
+        ranges += m.count * 4 * (lay["range"] + lay["sketch"])
         # held from prepare_update to the update: the directions and (sharded, right) the gathered bases
         held += m.count * 4 * (lay["direction"] + lay["held_basis"])
         step_max = max(step_max, 4 * (2 * lay["moment"] + 2 * lay["refresh_input"]))  # Adam temps, range SVD

@@ -148,7 +148,7 @@ def test_gemma_27b_on_8x80gb_headline():
     alone = plan(arch, PlanSetup(**base))["optimizers"]
     assert alone["adamw"]["fits"] and alone["logra"]["fits"]
     assert alone["adamw"]["peak_bytes"] / 2**30 == pytest.approx(66.9, abs=0.5)
-    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(37.6, abs=0.5)
+    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(36.6, abs=0.5)
     colocated = plan(arch, PlanSetup(**base, colocate_engine=True, engine_tp=4, rollout_batch=8))["optimizers"]
     assert not colocated["adamw"]["fits"] and colocated["logra"]["fits"]
 

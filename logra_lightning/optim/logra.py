@@ -30,7 +30,11 @@ Choices and departures (numbered, as promised by the house style):
    written to the moments.
 5. **Gradients are gone after backward** for low-rank params in the default
    mode (``p.grad is None``): gradient clipping or grad-norm logging on them
-   sees nothing. Use ``sketch_in_backward=False`` if you need them.
+   sees nothing. Use ``sketch_in_backward=False`` if you need them. The
+   accumulated sketch takes the gradient's place and lifetime: it is allocated
+   by the first backward hook of a step, consumed by ``prepare_update`` and
+   dropped by ``zero_grad``; it is not optimizer state and is not checkpointed
+   (checkpoints are taken after ``step()``, when there is none).
 6. **FSDP2 (row-sharded DTensors; layout table in :mod:`~logra_lightning.optim.sharding`).**
    Sides and random matrices come from the *global* shape, so a sharded run
    takes the same steps as one process (``tests/test_fsdp2.py``). Every state
@@ -203,6 +207,9 @@ class LoGRA(torch.optim.Optimizer):
         self._hooks: list = []
         self._param_index: dict[int, int] = {}
         self._group_of: dict[int, dict] = {}
+        # id(p) -> accumulated gradient sketch: like p.grad, not state. Allocated by the first
+        # backward hook of a step, consumed by prepare_update(), dropped by zero_grad().
+        self._sketches: dict[int, torch.Tensor] = {}
         self._shards: dict[int, sh.RowShard] = {}  # id(p) -> this rank's rows of a row-sharded low-rank matrix
         super().__init__(groups, defaults)
         for group in self.param_groups:
@@ -265,13 +272,13 @@ class LoGRA(torch.optim.Optimizer):
         shard = self._shards.get(id(p))
         seed = sk.mix_seed(self.seed, self._param_index[id(p)])
         dim = n if side == "right" else m
-        moment_shape = sketch_shape = (m, rank) if side == "right" else (rank, n)
+        moment_shape = (m, rank) if side == "right" else (rank, n)
         dev = p.device
         basis = sk.random_orthonormal(dim, rank, seed, device=dev)  # [n, r] | [m, r]
         if shard is not None:
             basis = basis[self._basis_rows(p, side)].clone()  # [n_j, r] | [m_i, r], own storage
             if side == "right":
-                moment_shape = sketch_shape = (shard.rows, rank)  # [m_i, r]
+                moment_shape = (shard.rows, rank)  # [m_i, r]
             else:
                 cols = shard.chunk(n)
                 moment_shape = (rank, cols.stop - cols.start)  # [r, n_j]
@@ -281,7 +288,6 @@ class LoGRA(torch.optim.Optimizer):
             "basis": basis,  # [n, r] | [m, r]
             "exp_avg": torch.zeros(moment_shape, dtype=torch.float32, device=dev),  # [m, r] | [r, n]
             "exp_avg_sq": torch.zeros(moment_shape, dtype=torch.float32, device=dev),
-            "sketch": torch.zeros(sketch_shape, dtype=torch.float32, device=dev),
         }
 
     def _basis_rows(self, p: torch.Tensor, side: str) -> slice:
@@ -320,7 +326,11 @@ class LoGRA(torch.optim.Optimizer):
         st = self.state[p]
         side = resolve_side(group["side"], p.shape)
         g = _local(grad)  # [m_i, n]
-        st["sketch"].add_(sk.project(g, self._full_basis(p, side), side))  # [m_i, r] | [r, n]
+        s = sk.project(g, self._full_basis(p, side), side)  # [m_i, r] | [r, n], fp32
+        if id(p) in self._sketches:
+            self._sketches[id(p)].add_(s)
+        else:
+            self._sketches[id(p)] = s
         if group["refresh"] == "randomized" and self._refresh_due(group, st, p):
             y = sk.range_sketch(g, self._omega(st, group, p, side), side)  # [n, k] | [m, k]
             if "range" in st:
@@ -337,14 +347,14 @@ class LoGRA(torch.optim.Optimizer):
         p.grad = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero grads and the accumulated sketches (pending candidate updates are kept)."""
+        """Drop grads and the accumulated sketches, like grads (pending candidate updates are kept)."""
         super().zero_grad(set_to_none=set_to_none)
-        for group in self.param_groups:
-            if self._is_lowrank(group) and self.sketch_in_backward:
-                for p in group["params"]:
-                    st = self.state[p]
-                    st["sketch"].zero_()
-                    st.pop("range", None)
+        if self.sketch_in_backward:
+            self._sketches.clear()
+            for group in self.param_groups:
+                if self._is_lowrank(group):
+                    for p in group["params"]:
+                        self.state[p].pop("range", None)
         self._touched.clear()
 
     # ------------------------------------------------------------ two phases
@@ -376,10 +386,13 @@ class LoGRA(torch.optim.Optimizer):
             for p in group["params"]:
                 self._touched.discard(id(p))
                 if p.grad is not None:
-                    st = self.state[p]
-                    st["sketch"].zero_()
-                    st.pop("range", None)
+                    self._sketches.pop(id(p), None)
+                    self.state[p].pop("range", None)
                     self._accumulate(p, p.grad, group)
+
+    def gradient_sketches(self) -> list[torch.Tensor]:
+        """The accumulated gradient sketches of this step (what backward left in place of ``p.grad``)."""
+        return list(self._sketches.values())
 
     def _sync_sketches(self) -> set[int]:
         """Complete the sketches of row-sharded matrices; return the ids of non-finite ones (skipped everywhere).
@@ -398,11 +411,11 @@ class LoGRA(torch.optim.Optimizer):
                 shard = self._shards.get(id(p))
                 if shard is not None:
                     by_group.setdefault(shard.group, []).append((p, resolve_side(group["side"], p.shape)))
-                elif not bool(torch.isfinite(self.state[p]["sketch"]).all()):
+                elif not bool(torch.isfinite(self._sketches[id(p)]).all()):
                     nonfinite.add(id(p))
         for pg, members in by_group.items():
-            sketches = [self.state[p]["sketch"] for p, side in members if side == "left"]
-            flags = [(~torch.isfinite(self.state[p]["sketch"])).any().float().reshape(1) for p, _ in members]
+            sketches = [self._sketches[id(p)] for p, side in members if side == "left"]
+            flags = [(~torch.isfinite(self._sketches[id(p)])).any().float().reshape(1) for p, _ in members]
             flat = sh.all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in sketches]), pg)
             offset = len(members)
             for s in sketches:
@@ -439,11 +452,10 @@ class LoGRA(torch.optim.Optimizer):
         side = resolve_side(group["side"], p.shape)
         if id(p) not in self._touched:
             return None
-        sketch = st["sketch"]
+        sketch = self._sketches.pop(id(p))  # consumed here: freed when this step's moments are updated
         if id(p) in nonfinite:
             self.skipped_updates += 1
             self._warn_once("nan_update", "LoGRA: non-finite gradient sketch; skipping that matrix's step")
-            sketch.zero_()
             st.pop("range", None)
             return None
         next_basis = self._next_basis(p, group, st, side) if self._refresh_due(group, st, p) else None
@@ -451,7 +463,7 @@ class LoGRA(torch.optim.Optimizer):
         shard = self._shards.get(id(p))
         s = sketch[:, shard.chunk(p.shape[1])] if shard is not None and side == "left" else sketch  # [r, n_j]
         sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], s, beta1, beta2)
-        sketch.zero_()
+        del sketch, s
         u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
         pend = {"u": u, "side": side, "scale": group["scale"], "next_basis": next_basis}
         if shard is not None and side == "left":
@@ -664,7 +676,7 @@ class LoGRA(torch.optim.Optimizer):
             return tuple(Shard(dim) if i == mesh_dim else Replicate() for i in range(len(placements)))
 
         (m, n), r, side = p.shape, group["rank"], resolve_side(group["side"], p.shape)
-        partial = "range" in st or (side == "left" and bool(st["sketch"].any()))
+        partial = "range" in st or (side == "left" and id(p) in self._sketches)
         if partial:
             raise RuntimeError(
                 "LoGRA.state_dict() was called between backward and step() on an FSDP2-sharded run: the "
@@ -672,7 +684,7 @@ class LoGRA(torch.optim.Optimizer):
                 "shards. Save after optimizer.step() (Lightning's checkpoints are taken there)."
             )
         if side == "right":
-            return {"basis": (shard(0), (n, r)), **{k: (shard(0), (m, r)) for k in ("exp_avg", "exp_avg_sq", "sketch")}}
+            return {"basis": (shard(0), (n, r)), **{k: (shard(0), (m, r)) for k in ("exp_avg", "exp_avg_sq")}}
         return {"basis": (shard(0), (m, r)), **{k: (shard(1), (r, n)) for k in ("exp_avg", "exp_avg_sq")}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -694,7 +706,8 @@ class LoGRA(torch.optim.Optimizer):
         by_key = dict(zip(keys, (p for g in self.param_groups for p in g["params"])))
         for key, values in state_dict["state"].items():
             p = by_key[key]
-            st = {k: _local(v).detach().clone().to(p.device) if torch.is_tensor(v) else v for k, v in values.items()}
+            st = {k: _local(v).detach().clone().to(p.device) if torch.is_tensor(v) else v for k, v in values.items()
+                  if k != "sketch"}  # checkpoints from before sketches left the state held zeros there
             if not self._is_lowrank(self._group_of[id(p)]):
                 if int(st.get("step", 1)) == 0:
                     continue  # the placeholder of a dense param that had not stepped: it still has no state
