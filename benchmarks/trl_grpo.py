@@ -40,46 +40,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, machine_info, write_result,
+    CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, machine_info, proc_memory, reset_peak_rss,
+    write_result,
 )  # fmt: skip
 from benchmarks.quality import QUICK, _gap, find_logra_config  # noqa: E402
+from logra_lightning.warmup import greedy_accuracy  # noqa: E402  (the same greedy exact match as the module)
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra")
 QUICK_STEPS = 3
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmRSS", "VmHWM")):
-            key, val = line.split(":")
-            out[key] = int(val.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def held_out_accuracy(model, tok, records: list[dict], max_new_tokens: int, batch: int = 128) -> float:
-    """Greedy exact-match accuracy, the same computation as ``PolicyGradientModule.evaluate``."""
-    import torch
-
-    from logra_lightning.rewards import ExactMatchReward
-    from logra_lightning.rollout import HFEngine, SamplingConfig
-
-    engine, reward, hits = HFEngine(model, tok), ExactMatchReward(), []
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for i in range(0, len(records), batch):
-            chunk = records[i : i + batch]
-            out = engine.generate([tok.encode(r["prompt"]) for r in chunk], n=1,
-                                  sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))  # fmt: skip
-            hits += reward([r["prompt"] for r in chunk], out.texts, [r["answer"] for r in chunk])
-    model.train(was_training)
-    return sum(hits) / len(hits)
 
 
 def _sources(s: dict):
@@ -120,10 +88,10 @@ def run_trl(s: dict) -> dict:
         def on_step_end(self, args, state, control, **kw):
             step_times.append(time.perf_counter() - self.t0)
 
-    _reset_peak()
-    rss_before = _status()["VmRSS"]
+    reset_peak_rss()
+    rss_before = proc_memory()["VmRSS"]
     model, tok = load_policy(path)
-    acc_before = held_out_accuracy(model, tok, test, s["max_new_tokens"])
+    acc_before = greedy_accuracy(model, tok, test, s["max_new_tokens"])
     n = s["batch_size"] * s["group_size"]
     cfg = trl.GRPOConfig(
         output_dir=str(WORK_DIR / "trl_grpo"), max_steps=s["steps"], learning_rate=s["lr"],
@@ -140,7 +108,7 @@ def run_trl(s: dict) -> dict:
     t0 = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - t0
-    acc_after = held_out_accuracy(trainer.model, tok, test, s["max_new_tokens"])
+    acc_after = greedy_accuracy(trainer.model, tok, test, s["max_new_tokens"])
     rewards = [[h["step"], h["reward"]] for h in trainer.state.log_history if "reward" in h]
     return {"version": trl.__version__, "accuracy_before": acc_before, "accuracy_after": acc_after,
             "steps": int(out.global_step), "train_seconds": seconds, "step_seconds": step_times,
@@ -165,8 +133,8 @@ def run_logra(s: dict, optimizer: dict) -> dict:
             "--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]),
             "--data.train.init_args.test_size", str(s["test_size"]), "--data.val.init_args.test_size", str(s["test_size"]),
             "--model.optimizer", json.dumps(optimizer), "--trainer.callbacks", json.dumps(config_callbacks(s["config"]))]  # fmt: skip
-    _reset_peak()
-    rss_before = _status()["VmRSS"]
+    reset_peak_rss()
+    rss_before = proc_memory()["VmRSS"]
     t0 = time.perf_counter()
     cli = logra_main(args)
     seconds = time.perf_counter() - t0
@@ -205,7 +173,7 @@ def worker(row: str, s: dict) -> dict:
                             "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]}})  # fmt: skip
     else:
         raise ValueError(f"unknown row {row!r} (allowed: {', '.join(ROWS)})")
-    st = _status()
+    st = proc_memory()
     steady = out["step_seconds"][1:] or out["step_seconds"]
     return {**out, "row": row, "ok": True, "peak_bytes": st["VmHWM"] - out["rss_before_model_bytes"],
             "step_seconds_median": statistics.median(steady) if steady else None}  # fmt: skip
