@@ -155,13 +155,16 @@ WORK_DIR = ROOT / ".cache" / "bench_runs"  # TensorBoard logs of the RL runs (gi
 
 
 def logra_fit(name: str, config: str | Path, args: list[str], *, optimizer: dict | None = None,
-              callbacks: list[dict] | None = None, work_dir: Path = WORK_DIR, timeout: float | None = None) -> dict:
+              callbacks: list[dict] | None = None, work_dir: Path = WORK_DIR, timeout: float | None = None,
+              env: dict[str, str] | None = None) -> dict:
     """One ``logra fit --config CONFIG ARGS`` in a subprocess; returns its summary and TensorBoard scalars.
 
     ``optimizer`` / ``callbacks`` replace the config's (``class_path`` + ``init_args`` dicts;
     ``callbacks=None`` keeps the config's). The run logs to ``work_dir/name/version_0`` (cleared
     first), without checkpoints (``ModelCheckpoint`` is dropped from the callbacks). ``PYTHONPATH``
-    includes the repo root so configs can name ``benchmarks.*`` classes.
+    includes the repo root so configs can name ``benchmarks.*`` classes; ``env`` adds variables
+    to the child's environment (e.g. ``OMP_NUM_THREADS``). Safe to call from several threads at
+    once when the runs have different ``name``s.
     """
     import shutil
 
@@ -176,7 +179,7 @@ def logra_fit(name: str, config: str | Path, args: list[str], *, optimizer: dict
     cmd += ["--trainer.callbacks", json.dumps([c for c in callbacks if not _is(c, "ModelCheckpoint")])]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+           "TOKENIZERS_PARALLELISM": "false", **(env or {})}  # fmt: skip
     load_before = load_average()
     proc = run_logged(cmd, log_dir.parent / f"{log_dir.name}.log", env=env, timeout=timeout)
     out: dict[str, Any] = {"name": name, "command": " ".join(cmd[1:]), "seconds": round(proc["seconds"], 1),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ COMMANDS = {
     "optimizer_memory": ".venv/bin/python benchmarks/optimizer_memory.py",
     "optimizer_step_time": ".venv/bin/python benchmarks/optimizer_memory.py --sizes 100m --rows adamw logra --repeat 3 "
     "--out benchmarks/results/optimizer_step_time.json",
+    "plan_vs_measured": ".venv/bin/python benchmarks/plan_vs_measured.py",
     "quality": ".venv/bin/python benchmarks/quality.py",
     "kl_control": ".venv/bin/python benchmarks/kl_control.py",
     "sync_cost": ".venv/bin/python benchmarks/sync_cost.py",
@@ -41,6 +43,15 @@ def _num(x, fmt: str = ".2f") -> str:
 
 def _load(load: dict | None) -> str:
     return "–" if not load else f"{load['1m']:.1f}/{load['5m']:.1f}/{load['15m']:.1f}"
+
+
+def _clip(text: str, n: int) -> str:
+    """An error message cut to ``n`` characters, safe inside a table cell."""
+    return text[:n].replace("|", "/").replace("\n", " ")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**missed**"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -100,7 +111,8 @@ def section_quality(res: dict) -> tuple[list[str], dict]:
     out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}, "
            f"at end {_load(res['load_end'])}. Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
            f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
-           f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}.", ""]  # fmt: skip
+           f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}, {st.get('jobs', 1)} run(s) at a time "
+           "(1 torch thread each: s/step is a rough cost figure, accuracy does not depend on it).", ""]  # fmt: skip
     rows = []
     for row, s in res["summary"].items():
         if "accuracy_after" not in s:
@@ -121,19 +133,89 @@ def section_kl(res: dict) -> tuple[list[str], dict]:
     out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}. "
            f"Config `{st['config']}`, LoGRA {json.dumps(st['logra'])}, default lr {st['default_lr']:g}, high lr "
            f"{st['high_lr']:g}, target_kl T = {st['target_kl']:g}, min_scale {st['min_scale']}, measure_every "
-           f"{st['measure_every']}, {st['steps']} steps.", ""]  # fmt: skip
+           f"{st['measure_every']}, {st['steps']} steps"
+           + (f"; lr and control settings from `{st['demo_config']}`." if st.get("demo_config") else "."), ""]  # fmt: skip
     rows = []
     for r in res["runs"]:
         if not r["ok"]:
             rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", "failed: " + r["error"][:120].replace("|", "/").replace("\n", " ")] + [""] * 5)
             continue
-        k = r["kl"]
+        k = r.get("kl", {"measured_steps": "–"})  # demo_overhead: timing only
         rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", f"{_pct(r['accuracy_before'])} → {_pct(r['accuracy_after'])}",
                      str(k["measured_steps"]), _pct(k.get("realized_within_1.5T_share")), _num(k.get("realized_max"), ".2e"),
                      _num(k.get("median_abs_log_realized_over_raw_predicted"), ".2f"), _num(r["step_seconds_median"], ".2f")])  # fmt: skip
     out += _table(["run", "seed", "lr", "held-out accuracy", "measured steps", "realized ≤ 1.5 T", "max realized KL",
                    "median abs log(realized / raw predicted)", "s/step"], rows) + [""]  # fmt: skip
-    return out, {}
+    return out + _kl_targets(res) + _kl_overhead(res), {}
+
+
+def _kl_targets(res: dict) -> list[str]:
+    """The controlled runs' share within 1.5 T against its target; every run's prediction error against log 1.5."""
+    t = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), **res.get("targets", {})}
+    ok = [r for r in res["runs"] if r["ok"] and "kl" in r]
+    share = [f"{r['row']} seed {r['seed']} {_pct(r['kl']['realized_within_1.5T_share'])} "
+             f"({_met(r['kl']['realized_within_1.5T_share'] >= t['realized_within_1.5T_share_min'])})"
+             for r in ok if r["row"] == "high_lr_kl_control" and "realized_within_1.5T_share" in r["kl"]]  # fmt: skip
+    pred = [f"{r['row']} {r['kl']['median_abs_log_realized_over_raw_predicted']:.2f} "
+            f"({_met(r['kl']['median_abs_log_realized_over_raw_predicted'] <= t['median_abs_log_ratio_max'])})"
+            for r in ok if "median_abs_log_realized_over_raw_predicted" in r["kl"]]  # fmt: skip
+    return [f"Targets: with control at the high lr, realized KL ≤ 1.5 T on ≥ {_pct(t['realized_within_1.5T_share_min'], 0)} "
+            f"of measured steps → {', '.join(share) or 'not measured'}; prediction quality, median |log(realized / raw "
+            f"predicted)| ≤ log 1.5 = {t['median_abs_log_ratio_max']:.3f} → {', '.join(pred) or 'not measured'}.", ""]  # fmt: skip
+
+
+def _kl_overhead(res: dict) -> list[str]:
+    """The ``demo_overhead`` run: time the control adds per step, against its target share."""
+    run = next((r for r in res["runs"] if r["row"] == "demo_overhead"), None)
+    if run is None:
+        return ["_Control overhead not measured in this result_ (the `demo_overhead` run is newer than it).", ""]
+    if not run["ok"] or "overhead_share" not in run.get("overhead", {}):
+        return [f"Control overhead: the `demo_overhead` run failed: {_clip(run.get('error', 'no steps logged'), 200)}", ""]
+    o, st = run["overhead"], res["settings"]
+    limit = res["targets"]["overhead_share_max"]
+    return [f"Control overhead (`demo_overhead`: `{st.get('demo_config')}` as shipped, {st['overhead_steps']} steps, "
+            f"medians over {o['steps_used']} steps after the first {o['warmup_steps_skipped']}; load at start "
+            f"{_load(run['load_before'])}): step {o['step_seconds_median']:.3f} s, of which the control "
+            f"{o['control_seconds_median']:.3f} s → overhead **{_pct(o['overhead_share'])}** of a step without it "
+            f"(≤ {_pct(limit, 0)}: {_met(o['overhead_share'] <= limit)}).", ""]  # fmt: skip
+
+
+def section_plan(res: dict) -> tuple[list[str], dict]:
+    """``logra plan`` against measured bytes and peaks, per size x optimizer x activation checkpointing."""
+    t, allocators = res["targets"], list(res.get("allocators", {}))
+    wall = res.get("wall_seconds", sum(r.get("wall_s", 0.0) for r in res["rows"]))
+    load = (f"load at start {_load(res['load_start'])}, at end {_load(res.get('load_end'))}" if res.get("load_start")
+            else "load not recorded")  # fmt: skip
+    mallocs = "; ".join(f"`{m}`: {doc}" for m, doc in res.get("allocators", {}).items())
+    out = [f"Command: `{res['command']}` — {wall:.0f} s, {load}. Run settings: `{json.dumps(res['run'])}`. Errors are "
+           f"predicted / measured − 1; allocator settings: {mallocs}.", ""]  # fmt: skip
+    rows = []
+    for r in res["rows"]:
+        pred, err = r["predicted"], r["error"]
+        # the exact sums are the same tensors under every allocator setting: show the worst
+        exact = max((e["params_grads_state"] for e in err.values()), key=abs, default=None)
+        pred_exact = pred["param_bytes"] + pred["grad_bytes"] + pred["optimizer_state_bytes"]
+        peaks = []
+        for m in allocators:
+            meas = r["measured"].get(m)
+            peaks += ([_num(meas["train_peak_bytes"] / MB, ".0f"), _pct(err[m]["peak"])] if meas
+                      else ["failed: " + _clip(r.get("failed", {}).get(m, ""), 80), ""])  # fmt: skip
+        rows.append([r["size"], _num(pred["params_m"], ".1f"), r["optimizer"], "on" if r["activation_checkpointing"] else "off",
+                     _num(pred_exact / MB, ".1f"), _pct(exact, 2), _num(pred["peak_bytes"] / MB, ".0f"), pred["peak_phase"],
+                     *peaks, _num(r.get("wall_s"), ".0f")])  # fmt: skip
+    out += _table(["size", "params (M)", "optimizer", "act. ckpt", "params+grads+state MB (plan)", "error",
+                   "peak MB (plan)", "peak phase", *(h for m in allocators for h in (f"peak MB (`{m}`)", f"peak error (`{m}`)")),
+                   "wall s"], rows) + [""]  # fmt: skip
+    s = res["summary"]
+    exact = s.get("max_abs_error_params_grads_state")
+    verdicts = [f"params+grads+state within {_pct(t['params_grads_state_abs_error_max'], 0)} → worst {_pct(exact, 2)} "
+                f"({_met(exact is not None and exact <= t['params_grads_state_abs_error_max'])})"]  # fmt: skip
+    for m in allocators:
+        peak = s.get(f"max_abs_error_peak_{m}")
+        verdicts.append(f"peak within {_pct(t['peak_abs_error_max'], 0)} under `{m}` → worst {_pct(peak)} "
+                        f"({_met(peak is not None and peak <= t['peak_abs_error_max'])})")  # fmt: skip
+    out += ["Targets: " + "; ".join(verdicts) + f"; failed rows: {s.get('failed_rows', 0)}.", ""]
+    return out, s
 
 
 def section_sync(res: dict) -> tuple[list[str], dict]:
@@ -169,6 +251,7 @@ def section_trl(res: dict) -> tuple[list[str], dict]:
 
 SECTIONS = [("optimizer_memory", "Optimizer memory and speed", section_optimizer_memory),
             ("optimizer_step_time", "Step time: 1 thread, rows interleaved and repeated", section_optimizer_memory),
+            ("plan_vs_measured", "Memory planner vs measurement", section_plan),
             ("quality", "Quality: held-out accuracy on the arithmetic RL task", section_quality),
             ("kl_control", "KL step control at a high learning rate", section_kl),
             ("sync_cost", "Weight sync to vLLM", section_sync),
@@ -214,7 +297,7 @@ def build(quick: bool, results: Path, readme: Path) -> str:
             body += _missing(name, quick)
             continue
         res = json.loads(path.read_text())
-        machine = machine or res.get("machine")
+        machine = machine or (res["machine"] if "versions" in res.get("machine", {}) else None)
         lines, found[name] = fn(res)
         body += lines + _plot(name, quick, results, readme.parent)
     head = ["# Benchmarks", "",

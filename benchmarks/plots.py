@@ -86,7 +86,7 @@ def plot_kl_control(res: dict, plt):
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     target = res["settings"]["target_kl"]
     for run in res["runs"]:
-        if not run["ok"]:
+        if not run["ok"] or "kl" not in run:  # demo_overhead is a timing run (kl_control.py)
             continue
         label = f"{run['row']} (lr {run['lr']:g}, seed {run['seed']})"
         c = run["curves"]

@@ -5,6 +5,7 @@ Run (full: the settings of ``configs/``, 6 optimizers x 3 seeds = 18 ``logra fit
     .venv/bin/python benchmarks/quality.py
     .venv/bin/python benchmarks/quality.py --lr 3e-5 --steps 300          # override the configs' lr / steps
     .venv/bin/python benchmarks/quality.py --quick                         # 1 seed, 2 ranks, 4 steps (CI)
+    .venv/bin/python benchmarks/quality.py --jobs 1                        # one run at a time
 
 Every run is a real ``logra fit --config <AdamW config>`` in its own process with the optimizer
 replaced on the command line, so all rows share the loop, task, reward, batch, group size,
@@ -24,6 +25,13 @@ config found (``--logra-config``, else ``configs/arithmetic_tiny_logra.yaml``, e
 GaLore uses the LoGRA rows' lr. ``--lr`` sets every row's lr. Seeds change the model's
 sampling and the prompt order (``seed_everything``, ``data.seed``); the held-out split is fixed.
 Results: ``benchmarks/results/quality[_quick].json`` with per-run curves and per-row mean/std.
+
+Parallel runs: ``--jobs N`` (default 2, 1 with ``--quick``) runs N ``logra fit`` processes at
+once, each pinned to one torch thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` in its environment
+and ``--model.torch_threads 1``, whatever ``--jobs`` is, so the runs compute the same thing
+either way). This benchmark measures accuracy, which does not depend on how many runs share the
+machine; the recorded ``step_seconds_median`` does, so it is only a rough cost figure here
+(``settings.jobs`` says how many ran at once; ``benchmarks/optimizer_memory.py`` measures time).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import argparse
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,7 +49,9 @@ from benchmarks.common import (  # noqa: E402
 )  # fmt: skip
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
-QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64)
+QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
+JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def find_logra_config(explicit: str | None) -> str | None:
@@ -107,6 +118,27 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str], work_dir: Path) -> dict:
+    """One ``logra fit`` of a row and seed on one torch thread: held-out accuracy, curves, step seconds."""
+    name = f"{row}_seed{seed}"
+    res = logra_fit(name, config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed)],
+                    optimizer=optimizer, work_dir=work_dir, env=ONE_THREAD)  # fmt: skip
+    run = {"row": row, "seed": seed, "lr": optimizer["init_args"]["lr"], "ok": res["ok"],
+           "seconds": res["seconds"], "load_before": res["load_before"], "load_after": res["load_after"],
+           "command": res["command"]}  # fmt: skip
+    if res["ok"]:
+        sc = res["scalars"]
+        run.update(accuracy_before=res["summary"]["accuracy_before"], accuracy_after=res["summary"]["accuracy_after"],
+                   curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
+                   reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
+                   step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]))  # fmt: skip
+    else:
+        run["error"] = res["error"]
+    print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
+                         if run["ok"] else f"FAILED {run['error'][-300:]}"), flush=True)  # fmt: skip
+    return run
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, ranks 8 and 16, 4 steps, 64 held-out prompts")
@@ -118,6 +150,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
     ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
     ap.add_argument("--galore-rank", type=int, default=16)
+    ap.add_argument("--jobs", type=int, default=None,
+                    help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})")
     ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/quality[_quick].json)")
     ap.add_argument("--work-dir", default=str(WORK_DIR / "quality"), help="TensorBoard logs of the runs")
@@ -129,41 +163,28 @@ def main(argv=None) -> dict:
     val_every = min(args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"]), steps)
     args.seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
     args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
+    jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
+    if jobs < 1:
+        raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
     adamw_lr = args.lr or base["lr"]
     logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
     gap = _gap(logra_cfg)
     rows = plan_rows(args, adamw_lr, logra_lr, gap)
-    common = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(val_every)]
+    common = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(val_every),
+              "--model.torch_threads", "1"]  # fmt: skip
     if args.quick:
         size = str(QUICK["test_size"])
         common += ["--data.train.init_args.test_size", size, "--data.val.init_args.test_size", size]
     started, load_start = time.time(), load_average()
-    runs = []
-    for seed in args.seeds:
-        for row, optimizer in rows.items():
-            name = f"{row}_seed{seed}"
-            res = logra_fit(name, args.config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed)],
-                            optimizer=optimizer, work_dir=Path(args.work_dir))  # fmt: skip
-            run = {"row": row, "seed": seed, "lr": optimizer["init_args"]["lr"], "ok": res["ok"],
-                   "seconds": res["seconds"], "load_before": res["load_before"], "load_after": res["load_after"],
-                   "command": res["command"]}  # fmt: skip
-            if res["ok"]:
-                sc = res["scalars"]
-                run.update(accuracy_before=res["summary"]["accuracy_before"], accuracy_after=res["summary"]["accuracy_after"],
-                           curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
-                           reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
-                           step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]))  # fmt: skip
-            else:
-                run["error"] = res["error"]
-            runs.append(run)
-            print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
-                                 if run["ok"] else f"FAILED {run['error'][-300:]}"), flush=True)  # fmt: skip
+    plan = [(row, seed, optimizer) for seed in args.seeds for row, optimizer in rows.items()]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes
+        runs = list(pool.map(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan))
     result = {
         "command": "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
         "wall_seconds": round(time.time() - started, 1),
         "settings": {"config": base["config"], "logra_config": logra["config"] if logra else None,
-                     "steps": steps, "val_check_interval": val_every, "seeds": args.seeds,
+                     "steps": steps, "val_check_interval": val_every, "seeds": args.seeds, "jobs": jobs,
                      "adamw_lr": adamw_lr, "logra_lr": logra_lr, "update_proj_gap": gap,
                      "batch_size": base["batch_size"], "group_size": base["group_size"],
                      "held_out_prompts": QUICK["test_size"] if args.quick else base["held_out_prompts"],

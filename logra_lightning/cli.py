@@ -145,7 +145,7 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
 
         return plan.main(argv[1:])
     try:
-        cli = LograCLI(args=argv)
+        cli = LograCLI(args=None if args is None else argv)  # None: the CLI reads sys.argv itself, without a warning
     except LograError as err:
         if args is not None:  # called from Python (tests): let the caller see the exception
             raise

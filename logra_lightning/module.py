@@ -65,6 +65,7 @@ from logra_lightning.models import load_policy, load_tokenizer
 from logra_lightning.optim.sketch import mix_seed
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.phases import announce_phase
+from logra_lightning.probe import ProbeCache, probe_positions
 from logra_lightning.rewards import ExactMatchReward, safe_rewards
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
 from logra_lightning.sequences import PackedBatch, pack_sequences, right_align
@@ -188,6 +189,8 @@ class PolicyGradientModule(L.LightningModule):
         self.accuracy_history: list[tuple[int, float]] = []
         self._ref: list[torch.nn.Module] = []  # a list keeps the frozen reference out of state_dict
         self._probe: PackedBatch | None = None
+        self._probe_tokens: int | None = None  # KLStepControl's sample_tokens, learned from its first call
+        self._probe_cache = ProbeCache()
         self._reward_errors = 0
         self._fit_started = 0.0
         # fault counters and the sampling position (all checkpointed)
@@ -297,6 +300,8 @@ class PolicyGradientModule(L.LightningModule):
 
         seqs = pack_sequences([p for p in prompt_ids for _ in range(G)], rollout.completion_ids,
                               self.tokenizer.pad_token_id).to(self.device)  # fmt: skip
+        self._probe = seqs
+        self._probe_cache.clear()
         old_lp = self._logprobs(seqs)  # [N, L-1], no grad: pi_old
         engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids for _ in range(G)],
                                 old_lp.shape[1]).to(old_lp.device)  # [N, L-1] # fmt: skip
@@ -306,7 +311,6 @@ class PolicyGradientModule(L.LightningModule):
             tis = torch.exp(old_lp - engine_lp).clamp(max=hp.tis_cap) * seqs.mask
             stats_tis = masked_mean(tis, seqs.mask).item()
         ref_lp = self._logprobs(seqs, self._ref[0]) if self._ref else None
-        self._probe = seqs
 
         n_tokens = seqs.num_tokens
         micro = hp.micro_batch_size or len(seqs.ids)
@@ -450,14 +454,31 @@ class PolicyGradientModule(L.LightningModule):
 
     @torch.no_grad()
     def _logprobs(self, seqs: PackedBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """Log-probabilities of the targets ``[N, L-1]`` under ``model`` (default: the policy), micro-batched."""
+        """Log-probabilities of the targets ``[N, L-1]`` under ``model`` (default: the policy), micro-batched.
+
+        For the policy, once a :class:`~logra_lightning.callbacks.KLStepControl` has asked for
+        probe logits, the logits at this batch's probe positions are kept for its first call.
+        """
+        # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
+        keep = model is None and self._probe_tokens is not None and not torch.is_autocast_enabled(self.device.type)
         model = model or self.policy
+        if keep:
+            rows, pick = self._probe_positions(seqs, self._probe_tokens)
+            probe_rows, probe_pos = rows[pick[:, 0]].to(self.device), pick[:, 1].to(self.device)  # [M], [M]
+            probe = None
         micro = self.hparams.micro_batch_size or len(seqs.ids)
         out = []
         for lo in range(0, len(seqs.ids), micro):
             mb = seqs.rows(slice(lo, lo + micro))
             logits = model(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
             out.append(gather_logprobs(logits, mb.targets, self.hparams.temperature))
+            if keep:
+                here = (probe_rows >= lo) & (probe_rows < lo + len(mb.ids))  # [M]
+                if probe is None:
+                    probe = logits.new_zeros((len(pick), logits.shape[-1]), dtype=torch.float32)  # [M, V]
+                probe[here] = logits[probe_rows[here] - lo, probe_pos[here]].float()
+        if keep:
+            self._probe_cache.put(self.policy, (self.global_step, self._probe_tokens), probe)
         return torch.cat(out)
 
     def _measure_engine_gap(self, seqs: PackedBatch, trainer_lp: torch.Tensor, engine_lp: torch.Tensor) -> None:
@@ -469,20 +490,25 @@ class PolicyGradientModule(L.LightningModule):
     def kl_probe_logits(self, max_tokens: int) -> torch.Tensor:
         """Logits ``[N, V]`` (N <= ``max_tokens``) at a fixed subsample of the current batch's completion tokens.
 
-        The subsample depends only on the batch and ``global_step``, so every call within
-        one step returns the same positions (at whatever the weights are then).
+        The subsample (whole completions in a seeded order, :func:`~logra_lightning.probe.probe_positions`)
+        depends only on the batch and ``global_step``, so every call within one step returns
+        the same positions (at whatever the weights are then). The call at unchanged weights
+        reuses the logits of the ``pi_old`` pass (:class:`~logra_lightning.probe.ProbeCache`).
         """
         if self._probe is None:
             raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
-        seqs = self._probe
-        pos = seqs.mask.nonzero()  # [M, 2] (row, position)
-        gen = torch.Generator().manual_seed(self.hparams.kl_probe_seed * 1_000_003 + self.global_step)
-        pick = pos[torch.randperm(len(pos), generator=gen)[:max_tokens].to(pos.device)]  # [N, 2]
-        rows = pick[:, 0].unique()  # sorted
-        sub = seqs.rows(rows)
+        self._probe_tokens = max_tokens  # the next batch's pi_old pass keeps these positions' logits
+        cached = self._probe_cache.get(self.policy, (self.global_step, max_tokens))
+        if cached is not None:
+            return cached
+        rows, pick = self._probe_positions(self._probe, max_tokens)
+        sub = self._probe.rows(rows.to(self.device))
         logits = self.policy(input_ids=sub.ids, attention_mask=sub.attention_mask).logits[:, :-1]  # [R, L-1, V]
-        local_row = torch.searchsorted(rows, pick[:, 0])
-        return logits[local_row, pick[:, 1]].float()  # [N, V]
+        pick = pick.to(self.device)
+        return logits[pick[:, 0], pick[:, 1]].float()  # [N, V]
+
+    def _probe_positions(self, seqs: PackedBatch, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return probe_positions(seqs.mask, max_tokens, self.hparams.kl_probe_seed * 1_000_003 + self.global_step)
 
     # ------------------------------------------------------------- evaluation
     @override

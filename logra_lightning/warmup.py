@@ -3,10 +3,21 @@
 RL post-training starts from a model that is sometimes right. The built-in model
 ``builtin:arithmetic-tiny`` is a randomly initialised tiny Qwen2
 (:func:`~logra_lightning.models.build_tiny_model`) trained for a few hundred AdamW
-steps on the train split of the arithmetic task (loss on answer tokens only), so
-that its held-out greedy accuracy is low but not zero. The result is a normal HF
-directory cached under ``$LOGRA_CACHE_DIR`` (default ``.cache/logra``), keyed by a
-hash of every setting, and deterministic for a seed on one machine.
+steps on the train split of the arithmetic task (loss on answer tokens only). The result
+is a normal HF directory cached under ``$LOGRA_CACHE_DIR`` (default ``.cache/logra``),
+keyed by a hash of every setting, and deterministic for a seed on one machine.
+
+**Sloppy demonstrations.** The warm-up data imitate demonstrations written carelessly on
+the harder problems: 90% of the answers whose ones digits carry (``37+48=`` -> ``85.``)
+and 10% of the others end in a stray ``.``, which the exact-match reward rejects. The
+warmed-up policy can add (with the ``.`` ignored, 98.8% of held-out greedy answers are
+right) but copies the habit, so its held-out greedy accuracy is 57.8% and its sampled
+(T=1) accuracy 54%: RL has to find, from the reward alone, which of two behaviours the
+model already has is wanted. That is the situation RL post-training of LLMs is mostly in
+(it sharpens behaviour the model can already produce; see the README for numbers).
+``builtin:arithmetic-tiny-clean`` is the same warm-up on clean answers (600 steps:
+41.0% held-out greedy); measured here, 200 RL steps did not raise its greedy accuracy in
+any setting tried (README, "What RL does on a clean warm-up").
 
 Run it alone: ``python -m logra_lightning.warmup`` (prints the path and accuracy).
 
@@ -14,7 +25,7 @@ Example::
 
     >>> from logra_lightning.warmup import BUILTIN_MODELS
     >>> sorted(BUILTIN_MODELS)
-    ['arithmetic-tiny', 'arithmetic-tiny-raw']
+    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-raw']
 """
 
 from __future__ import annotations
@@ -31,12 +42,12 @@ from pathlib import Path
 
 import torch
 
-from logra_lightning.data.arithmetic import ArithmeticSource
+from logra_lightning.data.arithmetic import ArithmeticSource, ones_carry
 from logra_lightning.errors import ConfigError
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 
 BUILTIN_PREFIX = "builtin:"
-WARMUP_VERSION = 2  # bump when the warm-up code changes its result
+WARMUP_VERSION = 3  # bump when the warm-up code changes its result
 
 
 @dataclass
@@ -51,15 +62,23 @@ class WarmupConfig:
     max_digits: int = 2
     ops: str = "+"
     test_size: int = 256
+    # Sloppy demonstrations (see the module doc): the share of answers written with `noise_suffix`,
+    # for problems whose ones digits carry/borrow and for the others.
+    format_noise: tuple[float, float] = (0.0, 0.0)
+    noise_suffix: str = "."
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
-# Measured here (1 thread): hidden 128 reached only 6-11% held-out accuracy after 300-1200
-# warm-up steps; hidden 256 reached 13% after 450, 41% after 600 (of 800) and 67% after 800.
+# Measured here (1 thread, clean answers): hidden 128 reached only 6-11% held-out accuracy after
+# 300-1200 warm-up steps; hidden 256 reached 13% after 450, 41% after 600 (of 800) and 67% after 800.
+# With the sloppy answers, hidden 256: 800 steps -> 57.8% greedy (98.8% ignoring the "."),
+# 1000 steps -> 57.8% (100%); uniform noise instead (every answer, p=0.5 / 0.7, 1000 steps) gave
+# 34.8% / 0.0% greedy, as the argmax then takes the same side on nearly every problem.
 ARITHMETIC_TINY = TinyModelConfig(hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=704, num_layers=4)
 
 BUILTIN_MODELS: dict[str, WarmupConfig] = {
-    "arithmetic-tiny": WarmupConfig(model=ARITHMETIC_TINY),
+    "arithmetic-tiny": WarmupConfig(steps=800, format_noise=(0.9, 0.1), model=ARITHMETIC_TINY),
+    "arithmetic-tiny-clean": WarmupConfig(model=ARITHMETIC_TINY),
     "arithmetic-tiny-raw": WarmupConfig(steps=0),
 }
 
@@ -99,8 +118,12 @@ def sft_batch(tokenizer, records: list[dict]) -> tuple[torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128) -> float:
-    """Fraction of ``records`` whose greedy completion equals the answer (HF ``generate``)."""
+def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128,
+                    ignore_suffix: str = "") -> float:
+    """Fraction of ``records`` whose greedy completion equals the answer (HF ``generate``).
+
+    ``ignore_suffix``: also count a completion that equals the answer followed by it.
+    """
     from logra_lightning.rollout.base import SamplingConfig
     from logra_lightning.rollout.hf import HFEngine
 
@@ -109,7 +132,7 @@ def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int =
         chunk = records[i : i + batch_size]
         out = engine.generate([tokenizer.encode(r["prompt"]) for r in chunk], n=1,
                               sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))  # fmt: skip
-        hits += sum(t.strip() == r["answer"] for t, r in zip(out.texts, chunk))
+        hits += sum(t.strip() in (r["answer"], r["answer"] + ignore_suffix) for t, r in zip(out.texts, chunk))
     return hits / len(records)
 
 
@@ -126,7 +149,10 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     model.train()
     start, loss = time.perf_counter(), float("nan")
     for _ in range(cfg.steps):
-        ids, mask, labels = sft_batch(tok, rng.sample(train, cfg.batch_size))
+        records = [dict(r, answer=r["answer"] + cfg.noise_suffix)
+                   if rng.random() < cfg.format_noise[0 if ones_carry(r["prompt"]) else 1] else r
+                   for r in rng.sample(train, cfg.batch_size)]  # fmt: skip
+        ids, mask, labels = sft_batch(tok, records)
         out = model(input_ids=ids, attention_mask=mask, labels=labels)
         out.loss.backward()
         opt.step()
@@ -136,6 +162,8 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     model.eval()
     summary = {"steps": cfg.steps, "final_loss": loss, "seconds": time.perf_counter() - start,
                "test_accuracy": greedy_accuracy(model, tok, test)}  # fmt: skip
+    if any(cfg.format_noise):
+        summary["test_accuracy_ignoring_suffix"] = greedy_accuracy(model, tok, test, ignore_suffix=cfg.noise_suffix)
     model.save_pretrained(path, safe_serialization=True)
     (Path(path) / "warmup.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=2))
     return summary
@@ -172,7 +200,9 @@ def resolve_model(spec: str) -> str:
     else:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"[logra] built {spec} at {target}: warm-up {summary['seconds']:.0f}s, "
-          f"held-out greedy accuracy {summary['test_accuracy']:.1%}")  # fmt: skip
+          f"held-out greedy accuracy {summary['test_accuracy']:.1%}"
+          + (f" ({summary['test_accuracy_ignoring_suffix']:.1%} ignoring a trailing {cfg.noise_suffix!r})"
+             if "test_accuracy_ignoring_suffix" in summary else ""))  # fmt: skip
     return str(target)
 
 

@@ -9,6 +9,7 @@ with an error, never as missing rows.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -62,6 +63,32 @@ def test_optimizer_memory_quick_fields_plots_and_readme(tmp_path: Path) -> None:
     assert "_Not measured yet._ Run `.venv/bin/python benchmarks/quality.py --quick`" in text
 
 
+def test_kl_overhead_share_skips_warmup_and_pairs_steps() -> None:
+    step = [[s, 1.0 if s < 2 else 0.6] for s in range(6)]  # steps 0-1: slow warm-up
+    control = [[s, 0.5 if s < 2 else 0.1] for s in range(6)]
+    got = kl_control.overhead_summary({"perf/step_seconds": step, "kl/control_seconds": control}, warmup=2)
+    assert got["steps_used"] == 4 and got["step_seconds_median"] == pytest.approx(0.6)
+    assert got["control_seconds_median"] == pytest.approx(0.1)
+    assert got["overhead_share"] == pytest.approx(0.1 / 0.5)
+    assert kl_control.overhead_summary({"perf/step_seconds": step}, warmup=0) == {"steps_used": 0, "warmup_steps_skipped": 0}
+
+
+def test_kl_control_settings_come_from_the_demo_config() -> None:
+    control = kl_control.control_init_args(ROOT / "configs" / "arithmetic_tiny.yaml")
+    assert {"target_kl", "min_scale", "sample_tokens", "max_scale"} <= set(control)
+    with pytest.raises(SystemExit, match="no KLStepControl"):
+        kl_control.control_init_args(ROOT / "configs" / "arithmetic_tiny_logra.yaml")
+
+
+def test_readme_plan_vs_measured_section(tmp_path: Path) -> None:
+    shutil.copy(ROOT / "benchmarks" / "results" / "plan_vs_measured_quick.json", tmp_path)
+    text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
+    section = text.split("## Memory planner vs measurement")[1].split("\n## ")[0]
+    res = json.loads((tmp_path / "plan_vs_measured_quick.json").read_text())
+    assert section.count("\n| ") == len(res["rows"]) + 1, "one table row per size x optimizer x checkpointing"
+    assert "params+grads+state within 2%" in section and "peak within 20% under `live`" in section
+
+
 @pytest.mark.slow
 def test_optimizer_memory_quick_all_rows(tmp_path: Path) -> None:
     res = optimizer_memory.main(["--quick", "--out", str(tmp_path / "om.json")])
@@ -70,9 +97,10 @@ def test_optimizer_memory_quick_all_rows(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_quality_quick(tmp_path: Path) -> None:
-    res = quality.main(["--quick", "--out", str(tmp_path / "q.json"), "--work-dir", str(tmp_path / "runs")])
+    res = quality.main(["--quick", "--jobs", "2", "--out", str(tmp_path / "q.json"), "--work-dir", str(tmp_path / "runs")])
     _check_header(res)
     assert res["settings"]["seeds"] == [0] and res["settings"]["steps"] == quality.QUICK["steps"]
+    assert res["settings"]["jobs"] == 2
     rows = ["adamw", "logra_r8", "logra_r16", "galore_r16"]
     _check_rows_recorded(res["runs"], "row", rows)
     for run in res["runs"][:3]:
@@ -87,12 +115,19 @@ def test_quality_quick(tmp_path: Path) -> None:
 def test_kl_control_quick(tmp_path: Path) -> None:
     res = kl_control.main(["--quick", "--out", str(tmp_path / "kl.json"), "--work-dir", str(tmp_path / "runs")])
     _check_header(res)
-    assert {"default_lr", "high_lr", "target_kl", "measure_every"} <= set(res["settings"])
-    _check_rows_recorded(res["runs"], "row", ["default_lr", "high_lr", "high_lr_kl_control"])
-    for run in res["runs"]:
+    assert {"default_lr", "high_lr", "target_kl", "min_scale", "sample_tokens", "measure_every", "overhead_steps"} <= set(res["settings"])
+    assert "overhead_share_max" in res["targets"]
+    _check_rows_recorded(res["runs"], "row", ["default_lr", "high_lr", "high_lr_kl_control", "demo_overhead"])
+    for run in res["runs"][:3]:
         assert run["ok"], run.get("error")
         assert {"kl/realized", "kl/predicted", "kl/step_scale", "val/accuracy"} <= set(run["curves"])
         assert {"measured_steps", "realized_within_1.5T_share", "median_abs_log_realized_over_raw_predicted"} <= set(run["kl"])
+    demo = res["runs"][3]
+    if importlib.util.find_spec("vllm") is None:  # the demo config runs a vLLM engine
+        return
+    assert demo["ok"], demo.get("error")
+    assert demo["overhead"]["steps_used"] == kl_control.QUICK["steps"]
+    assert {"overhead_share", "step_seconds_median", "control_seconds_median"} <= set(demo["overhead"])
 
 
 @pytest.mark.slow

@@ -149,9 +149,13 @@ def test_trainer_logs_metrics_and_bounds_realized_kl(tmp_path, optimizer):
     control = KLStepControl(target_kl=target, min_scale=0.0, sample_tokens=64, measure_every=2)
     trainer = fit(ToyModule(optimizer, lr=0.05), control, steps=8, tmp_path=tmp_path)
     assert is_two_phase(trainer.optimizers[0]) == (optimizer == "logra")
-    assert KEYS <= read_csv_keys(tmp_path)
+    assert KEYS | {"kl/control_seconds"} <= read_csv_keys(tmp_path)
     measured = [r for r in control.history if r["realized"] is not None]
     assert [r["step"] for r in measured] == [0, 2, 4, 6]
+    (path,) = list(tmp_path.glob("csv/version_*/metrics.csv"))
+    with open(path) as f:  # realized KL only on measured steps (no stale value re-sent in between)
+        logged_realized = [float(r["kl/realized"]) for r in csv.DictReader(f) if r.get("kl/realized")]
+    assert logged_realized == pytest.approx([r["realized"] for r in measured], rel=1e-6)
     assert min(r["eta"] for r in control.history) < 1.0  # the control acted
     assert all(r["realized"] <= 1.5 * target for r in measured), [r["realized"] for r in measured]
     logged = trainer.callback_metrics

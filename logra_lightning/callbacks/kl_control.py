@@ -162,8 +162,12 @@ class KLStepControl(L.Callback):
         - ``kl/realized``: exact KL on the probed tokens after the step (measured steps only).
         - ``kl/step_scale``: ``eta``.
         - ``kl/calibration``: calibration used for this step's prediction.
+        - ``kl/control_seconds``: wall time the callback added to the batch's optimizer steps
+          (probe, realized measurement and bookkeeping; summed over the batch's steps), so its
+          overhead can be read next to ``perf/step_seconds``.
 
-        Logged in ``on_train_batch_end`` as the mean over the batch's optimizer steps;
+        Logged in ``on_train_batch_end`` as the mean over the batch's optimizer steps
+        (``kl/realized`` written to the loggers directly, on measured batches only);
         :attr:`history` keeps one record per step, also with ``predicted_raw`` (``eta**2 * K``)
         and timings: ``probe_s`` (the prediction's two forward passes), ``measure_s`` (the
         realized one) and ``control_s`` (all the time the callback adds to the step, both
@@ -417,11 +421,16 @@ class KLStepControl(L.Callback):
             "kl/predicted_unscaled": sum(r["predicted_unscaled"] for r in records) / n,
             "kl/step_scale": sum(r["eta"] for r in records) / n,
             "kl/calibration": sum(r["calibration"] for r in records) / n,
+            "kl/control_seconds": sum(r["control_s"] for r in records),
         }
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         measured = [r["realized"] for r in records if r["realized"] is not None]
         if measured:
-            metrics["kl/realized"] = sum(measured) / len(measured)
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+            # Straight to the loggers, as Lightning's LearningRateMonitor does: a key logged through
+            # `self.log` on some steps only is re-sent with its old value on the steps in between.
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+            for logger in trainer.loggers:
+                logger.log_metrics({"kl/realized": sum(measured) / len(measured)}, step=step)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

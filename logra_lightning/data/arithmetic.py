@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import random
+import re
 
 from logra_lightning.data.source import PromptSource
 from logra_lightning.errors import ConfigError
@@ -35,6 +36,19 @@ def enumerate_problems(max_digits: int, ops: str) -> list[tuple[int, str, int]]:
 def format_problem(a: int, op: str, b: int) -> dict[str, str]:
     """``{"prompt": "a op b=", "answer": str(result)}``."""
     return {"prompt": f"{a}{op}{b}=", "answer": str(_OPS[op](a, b))}
+
+
+def ones_carry(prompt: str) -> bool:
+    """Whether the ones digits of ``"a op b="`` carry (``+``, ``*``: their result >= 10) or borrow (``-``).
+
+    >>> ones_carry("37+48="), ones_carry("31+48="), ones_carry("31-48="), ones_carry("3*4=")
+    (True, False, True, True)
+    """
+    m = re.fullmatch(r"(\d+)([-+*])(\d+)=", prompt)
+    if m is None:
+        raise ValueError(f"not an arithmetic prompt: {prompt!r}")
+    a, op, b = int(m[1]) % 10, m[2], int(m[3]) % 10
+    return a < b if op == "-" else _OPS[op](a, b) >= 10
 
 
 class ArithmeticSource(PromptSource):

@@ -165,6 +165,10 @@ class VLLMEngine:
         self.last_sync: dict[str, float] = {}
         if cpu_threads_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
+        # The engine processes read this when they start (this process's vLLM logger is already set
+        # up): without it, each weight sync prints an INFO line ("reset prefix cache"). Set
+        # VLLM_LOGGING_LEVEL yourself to see the engine's INFO logs.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm.platforms import current_platform
 
         kwargs: dict[str, Any] = dict(
