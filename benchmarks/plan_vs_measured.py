@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import proc_memory, reset_peak_rss  # noqa: E402
+from benchmarks.common import load_average, proc_memory, reset_peak_rss  # noqa: E402
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
@@ -218,6 +218,7 @@ def main(argv=None) -> None:
         return
     (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
     mallocs = ("live",) if args.quick else tuple(MALLOC)
+    started, load_start = time.perf_counter(), load_average()
     rows = []
     for size in args.sizes or list(sizes):
         for ckpt in (True,) if args.quick else (True, False):
@@ -243,6 +244,7 @@ def main(argv=None) -> None:
     errors = [(m, e) for r in rows for m, e in r["error"].items()]
     result = {
         "command": "python benchmarks/plan_vs_measured.py" + (" --quick" if args.quick else ""),
+        "wall_seconds": round(time.perf_counter() - started, 1), "load_start": load_start, "load_end": load_average(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "torch": torch.__version__, "python": platform.python_version(), "torch_threads": run["threads"]},
         "run": {**run, "dtype": "float32", "tie_word_embeddings": True, "loss": "gather_logprobs policy gradient"},
