@@ -154,6 +154,14 @@ def config_callbacks(config: str | Path, drop: tuple[str, ...] = ("ModelCheckpoi
 WORK_DIR = ROOT / ".cache" / "bench_runs"  # TensorBoard logs of the RL runs (git-ignored); curves go to the JSON
 
 
+def budget_args(steps: int, val_every: int, test_size: int | None = None) -> list[str]:
+    """``logra fit`` arguments for an RL budget: steps, held-out check interval, optional held-out size."""
+    args = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(min(val_every, steps))]
+    if test_size is not None:
+        args += ["--data.train.init_args.test_size", str(test_size), "--data.val.init_args.test_size", str(test_size)]
+    return args
+
+
 def logra_fit(name: str, config: str | Path, args: list[str], *, optimizer: dict | None = None,
               callbacks: list[dict] | None = None, work_dir: Path = WORK_DIR, timeout: float | None = None,
               env: dict[str, str] | None = None) -> dict:

@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    CONFIGS, RESULTS, WORK_DIR, config_callbacks, config_defaults, load_average, logra_fit, machine_info, write_result,
+    CONFIGS, RESULTS, WORK_DIR, budget_args, config_callbacks, config_defaults, load_average, logra_fit, machine_info, write_result,
 )  # fmt: skip
 from benchmarks.quality import QUICK  # noqa: E402
 
@@ -153,11 +153,7 @@ def _print(run: dict) -> None:
 
 
 def _budget(steps: int, val_every: int, quick: bool) -> list[str]:
-    args = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(min(val_every, steps))]
-    if quick:
-        size = str(QUICK["test_size"])
-        args += ["--data.train.init_args.test_size", size, "--data.val.init_args.test_size", size]
-    return args
+    return budget_args(steps, val_every, QUICK["test_size"] if quick else None)
 
 
 def main(argv=None) -> dict:

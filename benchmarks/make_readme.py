@@ -79,7 +79,7 @@ def section_optimizer_memory(res: dict) -> tuple[list[str], dict]:
         table = []
         for r in rows:
             if not r.get("ok"):
-                table.append([r["name"], "failed: " + r.get("error", "")[:160].replace("|", "/").replace("\n", " ")] + [""] * 10)
+                table.append([r["name"], "failed: " + _clip(r.get("error", ""), 160)] + [""] * 10)
                 continue
             table.append([
                 r["name"], _num(r["train_peak_bytes"] / MB, ".0f"), _pct(r.get("train_memory_reduction_vs_adamw")),
@@ -138,7 +138,7 @@ def section_kl(res: dict) -> tuple[list[str], dict]:
     rows = []
     for r in res["runs"]:
         if not r["ok"]:
-            rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", "failed: " + r["error"][:120].replace("|", "/").replace("\n", " ")] + [""] * 5)
+            rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", "failed: " + _clip(r["error"], 120)] + [""] * 5)
             continue
         k = r.get("kl", {"measured_steps": "–"})  # demo_overhead: timing only
         rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", f"{_pct(r['accuracy_before'])} → {_pct(r['accuracy_after'])}",
@@ -240,7 +240,7 @@ def section_trl(res: dict) -> tuple[list[str], dict]:
     rows = []
     for r in res["rows"]:
         if not r.get("ok"):
-            rows.append([r["row"], "failed: " + r.get("error", "")[:160].replace("|", "/").replace("\n", " "), "", "", "", ""])
+            rows.append([r["row"], "failed: " + _clip(r.get("error", ""), 160), "", "", "", ""])
             continue
         rows.append([r["row"] + (f" (trl {r['version']})" if r.get("version") else ""), _num(r["peak_bytes"] / MB, ".0f"),
                      _num(r["step_seconds_median"], ".2f"), f"{_pct(r['accuracy_before'])} → {_pct(r['accuracy_after'])}",

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, logra_fit, machine_info, write_result,
+    CONFIGS, RESULTS, WORK_DIR, budget_args, config_defaults, load_average, logra_fit, machine_info, write_result,
 )  # fmt: skip
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
@@ -170,11 +170,7 @@ def main(argv=None) -> dict:
     logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
     gap = _gap(logra_cfg)
     rows = plan_rows(args, adamw_lr, logra_lr, gap)
-    common = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(val_every),
-              "--model.torch_threads", "1"]  # fmt: skip
-    if args.quick:
-        size = str(QUICK["test_size"])
-        common += ["--data.train.init_args.test_size", size, "--data.val.init_args.test_size", size]
+    common = [*budget_args(steps, val_every, QUICK["test_size"] if args.quick else None), "--model.torch_threads", "1"]
     started, load_start = time.time(), load_average()
     plan = [(row, seed, optimizer) for seed in args.seeds for row, optimizer in rows.items()]
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes

@@ -464,8 +464,8 @@ class PolicyGradientModule(L.LightningModule):
         model = model or self.policy
         if keep:
             rows, pick = self._probe_positions(seqs, self._probe_tokens)
-            probe_rows, probe_pos = rows[pick[:, 0]].to(self.device), pick[:, 1].to(self.device)  # [M], [M]
-            probe = None
+            probe_rows, probe_pos = rows[pick[:, 0]].to(self.device), pick[:, 1].to(self.device)  # [M] ascending, [M]
+            probe = []
         micro = self.hparams.micro_batch_size or len(seqs.ids)
         out = []
         for lo in range(0, len(seqs.ids), micro):
@@ -474,11 +474,9 @@ class PolicyGradientModule(L.LightningModule):
             out.append(gather_logprobs(logits, mb.targets, self.hparams.temperature))
             if keep:
                 here = (probe_rows >= lo) & (probe_rows < lo + len(mb.ids))  # [M]
-                if probe is None:
-                    probe = logits.new_zeros((len(pick), logits.shape[-1]), dtype=torch.float32)  # [M, V]
-                probe[here] = logits[probe_rows[here] - lo, probe_pos[here]].float()
+                probe.append(logits[probe_rows[here] - lo, probe_pos[here]].float())  # [m, V], in probe order
         if keep:
-            self._probe_cache.put(self.policy, (self.global_step, self._probe_tokens), probe)
+            self._probe_cache.put(self.policy, (self.global_step, self._probe_tokens), torch.cat(probe))  # [M, V]
         return torch.cat(out)
 
     def _measure_engine_gap(self, seqs: PackedBatch, trainer_lp: torch.Tensor, engine_lp: torch.Tensor) -> None:

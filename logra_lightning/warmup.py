@@ -118,22 +118,24 @@ def sft_batch(tokenizer, records: list[dict]) -> tuple[torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128,
-                    ignore_suffix: str = "") -> float:
-    """Fraction of ``records`` whose greedy completion equals the answer (HF ``generate``).
-
-    ``ignore_suffix``: also count a completion that equals the answer followed by it.
-    """
+def greedy_completions(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128) -> list[str]:
+    """Stripped greedy completions of ``records``' prompts (HF ``generate``)."""
     from logra_lightning.rollout.base import SamplingConfig
     from logra_lightning.rollout.hf import HFEngine
 
-    engine, hits = HFEngine(model, tokenizer), 0
+    engine, texts = HFEngine(model, tokenizer), []
     for i in range(0, len(records), batch_size):
         chunk = records[i : i + batch_size]
         out = engine.generate([tokenizer.encode(r["prompt"]) for r in chunk], n=1,
                               sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))  # fmt: skip
-        hits += sum(t.strip() in (r["answer"], r["answer"] + ignore_suffix) for t, r in zip(out.texts, chunk))
-    return hits / len(records)
+        texts += [t.strip() for t in out.texts]
+    return texts
+
+
+def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128) -> float:
+    """Fraction of ``records`` whose greedy completion equals the answer."""
+    texts = greedy_completions(model, tokenizer, records, max_new_tokens, batch_size)
+    return sum(t == r["answer"] for t, r in zip(texts, records)) / len(records)
 
 
 def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
@@ -148,10 +150,10 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.lr_warmup, cfg.steps))
     model.train()
     start, loss = time.perf_counter(), float("nan")
+    noise = [cfg.format_noise[0 if ones_carry(r["prompt"]) else 1] for r in train]  # per train problem
     for _ in range(cfg.steps):
-        records = [dict(r, answer=r["answer"] + cfg.noise_suffix)
-                   if rng.random() < cfg.format_noise[0 if ones_carry(r["prompt"]) else 1] else r
-                   for r in rng.sample(train, cfg.batch_size)]  # fmt: skip
+        records = [dict(train[i], answer=train[i]["answer"] + cfg.noise_suffix) if rng.random() < noise[i] else train[i]
+                   for i in rng.sample(range(len(train)), cfg.batch_size)]  # fmt: skip
         ids, mask, labels = sft_batch(tok, records)
         out = model(input_ids=ids, attention_mask=mask, labels=labels)
         out.loss.backward()
@@ -160,10 +162,12 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
         sched.step()
         loss = out.loss.item()
     model.eval()
+    texts = greedy_completions(model, tok, test)
     summary = {"steps": cfg.steps, "final_loss": loss, "seconds": time.perf_counter() - start,
-               "test_accuracy": greedy_accuracy(model, tok, test)}  # fmt: skip
+               "test_accuracy": sum(t == r["answer"] for t, r in zip(texts, test)) / len(test)}  # fmt: skip
     if any(cfg.format_noise):
-        summary["test_accuracy_ignoring_suffix"] = greedy_accuracy(model, tok, test, ignore_suffix=cfg.noise_suffix)
+        summary["test_accuracy_ignoring_suffix"] = sum(
+            t in (r["answer"], r["answer"] + cfg.noise_suffix) for t, r in zip(texts, test)) / len(test)  # fmt: skip
     model.save_pretrained(path, safe_serialization=True)
     (Path(path) / "warmup.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=2))
     return summary
