@@ -1,8 +1,10 @@
 """Stability at a high learning rate: LoGRA at 10x the demo lr, with and without ``KLStepControl``; its overhead.
 
-Run (full: three ``logra fit`` runs of the config's length and one 60-step demo run, seed 0):
+Run (full: three ``logra fit`` runs of the config's length per seed, seeds 0 1 2, two at a time,
+then one 60-step demo run alone):
 
     .venv/bin/python benchmarks/kl_control.py
+    .venv/bin/python benchmarks/kl_control.py --steps 100             # as `make bench` runs it
     .venv/bin/python benchmarks/kl_control.py --lr 3e-5 --steps 300 --target-kl 1e-3 --seeds 0 1
     .venv/bin/python benchmarks/kl_control.py --quick          # 4 steps each, 64 held-out prompts (CI)
 
@@ -30,6 +32,11 @@ same way:
    ``kl/predicted`` and ``kl/realized`` without changing the step beyond the rounding of the
    probe's ``+eps``/``-eps`` weight perturbation.
 
+The stability runs use one torch thread each (``--model.torch_threads 1``, as ``quality.py``) and
+run ``--jobs`` (2) at a time, so their s/step columns are under that load; the overhead run runs
+alone with the demo's threads. Accuracy is compared per row as the mean over seeds (with min and
+max): "no worse" means the controlled high-lr mean is at least the default-lr mean.
+
 Reported per run: the held-out accuracy curve, the per-step ``kl/realized``, ``kl/predicted``
 (calibrated) and raw prediction, step scale; the share of measured steps with realized KL
 <= 1.5 T (target >= 95% with control); median |log(realized / raw prediction)| (target <= log 1.5);
@@ -49,6 +56,7 @@ import math
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -112,6 +120,20 @@ def kl_summary(scalars: dict, target: float) -> dict:
     return out
 
 
+def accuracy_summary(runs: list[dict]) -> dict:
+    """Final held-out accuracy per row over seeds (mean, min, max, n), and whether the controlled
+    high-lr mean is no worse than the default-lr mean (None when either row has no finished run)."""
+    rows: dict[str, list[float]] = {}
+    for r in runs:
+        if r["ok"] and r["row"] != "demo_overhead":
+            rows.setdefault(r["row"], []).append(r["accuracy_after"])
+    out: dict = {row: {"mean": statistics.fmean(v), "min": min(v), "max": max(v), "n": len(v)} for row, v in rows.items()}
+    both = "high_lr_kl_control" in out and "default_lr" in out
+    out["controlled_no_worse_than_default"] = (
+        out["high_lr_kl_control"]["mean"] >= out["default_lr"]["mean"] if both else None)  # fmt: skip
+    return out
+
+
 def overhead_summary(scalars: dict, warmup: int) -> dict:
     """Median step and control seconds over the steps after the first ``warmup``, and their ratio.
 
@@ -171,7 +193,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--measure-every", type=int, default=1, help="of the stability runs (the demo's is left as is)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
     ap.add_argument("--val-every", type=int, default=None)
-    ap.add_argument("--seeds", type=int, nargs="*", default=[0])
+    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2 (--quick: 0)")
+    ap.add_argument("--jobs", type=int, default=None, help="stability runs at once, 1 torch thread each (default 2; --quick 1)")
     ap.add_argument("--overhead-steps", type=int, default=None, help=f"default {OVERHEAD['steps']} ({QUICK['steps']} quick)")
     ap.add_argument("--overhead-warmup", type=int, default=None,
                     help=f"first steps left out of the overhead medians (default {OVERHEAD['warmup']}, 0 quick)")  # fmt: skip
@@ -199,16 +222,25 @@ def main(argv=None) -> dict:
     high = lr * args.lr_multiplier
     plan = {"default_lr": (lr, control(1.0, 1.0)), "high_lr": (high, control(1.0, 1.0)),
             "high_lr_kl_control": (high, control(min_scale, control_args["max_scale"]))}  # fmt: skip
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
+    if jobs < 1:
+        raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
+
+    def stability_run(seed: int, row: str) -> dict:
+        row_lr, callbacks = plan[row]
+        optimizer = {"class_path": "logra_lightning.optim.LoGRA", "init_args": {"lr": row_lr, **opt_args}}
+        seeded = [*_budget(steps, val_every, args.quick), "--seed_everything", str(seed), "--data.seed", str(seed),
+                  "--model.torch_threads", "1"]  # fmt: skip
+        res = logra_fit(f"{row}_seed{seed}", args.config, seeded, optimizer=optimizer, callbacks=callbacks,
+                        work_dir=Path(args.work_dir))  # fmt: skip
+        run = record(row, seed, row_lr, res, target, callbacks)
+        _print(run)
+        return run
+
     started, load_start = time.time(), load_average()
-    runs = []
-    for seed in args.seeds:
-        for row, (row_lr, callbacks) in plan.items():
-            optimizer = {"class_path": "logra_lightning.optim.LoGRA", "init_args": {"lr": row_lr, **opt_args}}
-            seeded = [*_budget(steps, val_every, args.quick), "--seed_everything", str(seed), "--data.seed", str(seed)]
-            res = logra_fit(f"{row}_seed{seed}", args.config, seeded, optimizer=optimizer, callbacks=callbacks,
-                            work_dir=Path(args.work_dir))  # fmt: skip
-            runs.append(record(row, seed, row_lr, res, target, callbacks))
-            _print(runs[-1])
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes
+        runs = list(pool.map(lambda p: stability_run(*p), [(seed, row) for seed in seeds for row in plan]))
     # the demo as shipped: its own optimizer, KLStepControl (measure_every included), engine and sync
     res = logra_fit("demo_overhead", args.demo_config, _budget(overhead_steps, demo["val_check_interval"], args.quick),
                     work_dir=Path(args.work_dir))  # fmt: skip
@@ -226,10 +258,11 @@ def main(argv=None) -> dict:
         "settings": {"config": base["config"], "demo_config": demo["config"], "default_lr": lr, "high_lr": high,
                      "lr_multiplier": args.lr_multiplier, "target_kl": target, "min_scale": min_scale,
                      "sample_tokens": control_args["sample_tokens"], "measure_every": args.measure_every,
-                     "steps": steps, "val_check_interval": min(val_every, steps), "seeds": args.seeds,
+                     "steps": steps, "val_check_interval": min(val_every, steps), "seeds": seeds, "jobs": jobs,
                      "logra": opt_args, "control": control_args, "demo_control": demo_control,
                      "overhead_steps": overhead_steps, "overhead_warmup_steps": warmup},
         "targets": TARGETS,
+        "accuracy": accuracy_summary(runs),
         "runs": runs,
     }  # fmt: skip
     write_result(Path(args.out) if args.out else RESULTS / f"kl_control{'_quick' if args.quick else ''}.json", result)

@@ -85,23 +85,28 @@ def plot_quality(res: dict, plt):
 def plot_kl_control(res: dict, plt):
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     target = res["settings"]["target_kl"]
+    colors, labelled = {}, set()  # one colour per row, one legend entry per row; seeds share it
     for run in res["runs"]:
         if not run["ok"] or "kl" not in run:  # demo_overhead is a timing run (kl_control.py)
             continue
-        label = f"{run['row']} (lr {run['lr']:g}, seed {run['seed']})"
+        color = colors.setdefault(run["row"], f"C{len(colors)}")
+        label = None if run["row"] in labelled else f"{run['row']} (lr {run['lr']:g})"
+        labelled.add(run["row"])
+        style = dict(color=color, label=label, alpha=0.8)
         c = run["curves"]
         if c.get("kl/realized"):
-            axes[0].plot(*zip(*c["kl/realized"]), label=label, lw=1)
+            axes[0].plot(*zip(*c["kl/realized"]), lw=0.8, **style)
         if c.get("val/accuracy"):
-            axes[1].plot(*zip(*[(s, 100 * v) for s, v in c["val/accuracy"]]), marker="o", ms=3, label=label)
+            axes[1].plot(*zip(*[(s, 100 * v) for s, v in c["val/accuracy"]]), marker="o", ms=3, **style)
         if c.get("kl/step_scale"):
-            axes[2].plot(*zip(*c["kl/step_scale"]), label=label, lw=1)
+            axes[2].plot(*zip(*c["kl/step_scale"]), lw=0.8, **style)
     axes[0].axhline(target, color="gray", ls="--", lw=0.8, label="target T")
     axes[0].axhline(1.5 * target, color="red", ls=":", lw=0.8, label="1.5 T")
     axes[0].set_yscale("log")
     axes[0].set_title("realized per-token KL of each step", fontsize=9)
     axes[1].set_title("held-out greedy accuracy (%)", fontsize=9)
     axes[2].set_title("step scale eta (1 = no control)", fontsize=9)
+    fig.suptitle(f"seeds {res['settings'].get('seeds')}: one line per seed", fontsize=9)
     for ax in axes:
         ax.set_xlabel("RL step")
         ax.legend(fontsize=7)

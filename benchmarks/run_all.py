@@ -23,7 +23,9 @@ from benchmarks.common import ROOT, load_average  # noqa: E402
 SCRIPTS = ["optimizer_memory", "optimizer_step_time", "plan_vs_measured", "sync_cost", "quality", "kl_control", "trl_grpo"]
 # name -> (script, arguments of the full run); a name missing from QUICK_SCRIPTS has no --quick mode of its own
 FULL_ARGS = {"optimizer_step_time": ("optimizer_memory", ["--sizes", "100m", "--rows", "adamw", "logra", "--repeat", "3",
-                                                          "--out", "benchmarks/results/optimizer_step_time.json"])}  # fmt: skip
+                                                          "--out", "benchmarks/results/optimizer_step_time.json"]),
+             # the RL benchmarks at 100 steps (the configs' max_steps is 200): 3 seeds each within the budget
+             **{name: (name, ["--steps", "100"]) for name in ("quality", "kl_control", "trl_grpo")}}  # fmt: skip
 QUICK_SKIP = ("optimizer_step_time",)
 RL_SCRIPTS = ("quality", "kl_control", "trl_grpo")
 

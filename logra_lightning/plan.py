@@ -61,10 +61,17 @@ Assumptions and departures (numbered):
    repeats the KV heads first and saves ``2c (q_dim - kv_dim)`` more per token and layer.
 2. bf16-mixed means FSDP2 ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``:
    compute and residual stream in bf16. ``torch.autocast`` keeps more fp32 copies; not modelled.
-3. Extra memory of the CUDA context, NCCL buffers and allocator fragmentation is one constant,
-   ``--reserve-gb`` (2 GiB by default); the colocated engine is resident during training
-   (no vLLM sleep mode) and its CUDA graphs / sampler workspace are not modelled.
-4. ``--gpu-memory-gb`` is read as GiB (an "80 GB" H100 reports 79.6 GiB).
+3. Extra memory of the CUDA context and NCCL buffers is one constant, ``--reserve-gb`` (2 GiB by
+   default); the colocated engine is resident during training (no vLLM sleep mode) and its CUDA
+   graphs / sampler workspace are not modelled.
+4. Everything above is *live* tensor bytes (what ``torch.cuda.max_memory_allocated`` reports).
+   What the allocator holds on top (freed blocks kept cached, fragmentation) is
+   ``--allocator-slack`` x the training tensors at the peak (params, grads, state, activations,
+   transients, FSDP buffers), 0 by default: set it from your own
+   ``memory_reserved / max_memory_allocated - 1``. On the CPU check machine glibc + MKL held
+   about 20% more (``benchmarks/plan_vs_measured.py`` fits it on the smallest size and tests
+   it on the two larger ones).
+5. ``--gpu-memory-gb`` is read as GiB (an "80 GB" H100 reports 79.6 GiB).
 """
 
 from __future__ import annotations
@@ -111,6 +118,7 @@ class PlanSetup:
     oversample: int = 8
     adamw_impl: str = "foreach"
     reserve_gb: float = 2.0
+    allocator_slack: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("gpus", "rank", "batch", "seq_len", "engine_tp"):
@@ -123,6 +131,8 @@ class PlanSetup:
             raise PlanError(f"oversample={self.oversample!r} must be >= 0")
         if not self.gpu_memory_gb > 0 or self.reserve_gb < 0:
             raise PlanError(f"gpu_memory_gb={self.gpu_memory_gb!r} must be > 0 and reserve_gb={self.reserve_gb!r} >= 0")
+        if not 0 <= self.allocator_slack < 10:
+            raise PlanError(f"allocator_slack={self.allocator_slack!r} must be a fraction >= 0 (e.g. 0.1 for 10%)")
         if self.precision not in PRECISIONS:
             raise PlanError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.adamw_impl not in ADAMW_IMPLS:
@@ -351,8 +361,9 @@ def plan_optimizer(arch: Architecture, setup: PlanSetup, optimizer: str) -> dict
     phases = {}
     for phase, (grads, transient) in grads_and_transients.items():
         parts = dict(params=params, grads=grads, optimizer_state=terms.state, activations=acts[phase],
-                     transients=transient, fsdp_buffers=fsdp[phase], engine_weights=weights, kv_cache=kv,
-                     reserve=int(setup.reserve_gb * GiB))  # fmt: skip
+                     transients=transient, fsdp_buffers=fsdp[phase])  # fmt: skip
+        parts["allocator_slack"] = round(setup.allocator_slack * sum(parts.values()))
+        parts.update(engine_weights=weights, kv_cache=kv, reserve=int(setup.reserve_gb * GiB))
         phases[phase] = {**parts, "total": sum(parts.values())}
     worst = max(phases, key=lambda p: phases[p]["total"])
     peak = phases[worst]["total"]
@@ -388,7 +399,8 @@ def plan(arch: Architecture, setup: PlanSetup) -> dict[str, Any]:
 _ROWS = [
     ("params", "parameters"), ("grads", "gradients"), ("optimizer_state", "optimizer state"),
     ("activations", "activations"), ("transients", "optimizer transients"),
-    ("fsdp_buffers", "FSDP2 unsharded buffers"), ("engine_weights", "engine weights"),
+    ("fsdp_buffers", "FSDP2 unsharded buffers"), ("allocator_slack", "allocator slack"),
+    ("engine_weights", "engine weights"),
     ("kv_cache", "engine KV cache"), ("reserve", "reserve (context, NCCL)"),
 ]  # fmt: skip
 
@@ -436,7 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine-tp", type=int, default=1, help="tensor parallel size of the colocated engine")
     ap.add_argument("--rollout-batch", type=int, default=None, help="sequences per GPU in the engine (default --batch)")
     ap.add_argument("--adamw-impl", default="foreach", choices=ADAMW_IMPLS, help="AdamW step temporaries")
-    ap.add_argument("--reserve-gb", type=float, default=2.0, help="CUDA context, NCCL, fragmentation, GiB")
+    ap.add_argument("--reserve-gb", type=float, default=2.0, help="CUDA context and NCCL buffers, GiB")
+    ap.add_argument("--allocator-slack", type=float, default=0.0,
+                    help="fraction the allocator holds on top of the live training tensors (cached free blocks, "
+                         "fragmentation); 0 = live bytes, as max_memory_allocated")  # fmt: skip
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     return ap
 
@@ -451,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, rank=rank, batch=args.batch, seq_len=args.seq_len,
             precision=args.precision, activation_checkpointing=args.activation_checkpointing,
             colocate_engine=args.colocate_engine, engine_tp=args.engine_tp, rollout_batch=args.rollout_batch,
-            adamw_impl=args.adamw_impl, reserve_gb=args.reserve_gb,
+            adamw_impl=args.adamw_impl, reserve_gb=args.reserve_gb, allocator_slack=args.allocator_slack,
         )  # fmt: skip
         result = plan(arch, setup)
     except (PlanError, ShapeError) as e:

@@ -80,6 +80,32 @@ def test_kl_control_settings_come_from_the_demo_config() -> None:
         kl_control.control_init_args(ROOT / "configs" / "arithmetic_tiny_logra.yaml")
 
 
+def test_kl_accuracy_summary_compares_seed_means() -> None:
+    runs = [{"row": "default_lr", "ok": True, "accuracy_after": a} for a in (0.9, 1.0)]
+    runs += [{"row": "high_lr_kl_control", "ok": True, "accuracy_after": a} for a in (0.92, 0.96)]
+    runs += [{"row": "high_lr_kl_control", "ok": False}, {"row": "demo_overhead", "ok": True, "accuracy_after": 0.1}]
+    got = kl_control.accuracy_summary(runs)
+    assert got["default_lr"] == {"mean": pytest.approx(0.95), "min": 0.9, "max": 1.0, "n": 2}
+    assert got["high_lr_kl_control"]["n"] == 2 and "demo_overhead" not in got
+    assert got["controlled_no_worse_than_default"] is False  # 0.94 < 0.95
+    assert kl_control.accuracy_summary(runs[:2])["controlled_no_worse_than_default"] is None
+
+
+def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
+    from benchmarks import plan_vs_measured as pvm
+
+    run, rows = pvm.RUN["quick"], []
+    for size, ratio in (("1m", 1.2), ("5m", 1.3)):  # measured = ratio x the planner's live-bytes peak
+        pred = pvm.predict(pvm.QUICK[size], run, "adamw", True)
+        rows.append({"size": size, "optimizer": "adamw", "activation_checkpointing": True, "shape": pvm.QUICK[size],
+                     "predicted": pred, "measured": {"default": {"train_peak_bytes": ratio * pred["peak_bytes"]}},
+                     "error": {"default": {}}})  # fmt: skip
+    assert pvm.fit_allocator_slack(rows, "1m", run) == pytest.approx(0.2)
+    assert rows[0]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[1]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
+    assert pvm.fit_allocator_slack(rows, "13m", run) is None
+
+
 def test_readme_plan_vs_measured_section(tmp_path: Path) -> None:
     shutil.copy(ROOT / "benchmarks" / "results" / "plan_vs_measured_quick.json", tmp_path)
     text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()

@@ -153,6 +153,19 @@ def test_gemma_27b_on_8x80gb_headline():
     assert not colocated["adamw"]["fits"] and colocated["logra"]["fits"]
 
 
+def test_allocator_slack_scales_the_training_tensors_only():
+    """The slack is a fraction of the training tensors at each phase; engine and reserve are not scaled."""
+    arch = load_architecture("qwen2.5-0.5b")
+    base = dict(gpus=2, rank=64, seq_len=512, colocate_engine=True)
+    live, slack = (plan(arch, PlanSetup(**base, allocator_slack=s))["optimizers"] for s in (0.0, 0.25))
+    for opt in ("adamw", "logra"):
+        for phase, parts in live[opt]["phases"].items():
+            tensors = sum(v for k, v in parts.items() if k not in ("engine_weights", "kv_cache", "reserve", "total"))
+            assert parts["allocator_slack"] == 0
+            assert slack[opt]["phases"][phase]["allocator_slack"] == round(0.25 * tensors)
+            assert slack[opt]["phases"][phase]["total"] == parts["total"] + round(0.25 * tensors)
+
+
 # ------------------------------------------------------------------------------------------- CLI
 def test_cli_json_and_table(capsys):
     assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--rank", "128", "--seq-len", "1024", "--json"]) == 0
@@ -205,6 +218,7 @@ def _write(tmp_path, **changes) -> str:
         (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "1024"], "rank=1024 is larger than the model's hidden_size"),
         (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "200"], "k_proj"),
         (lambda p: ["--model", "qwen2.5-7b", "--batch", "0"], "batch=0"),
+        (lambda p: ["--model", "qwen2.5-7b", "--allocator-slack", "-0.1"], "allocator_slack=-0.1"),
         (lambda p: ["--model", "qwen2.5-7b", "--colocate-engine", "--engine-tp", "3", "--gpus", "8"], "engine_tp=3"),
         (lambda p: ["--model", "no-such-model"], "qwen2.5-0.5b"),
         (lambda p: ["--model", str(p)], "without config.json"),
