@@ -240,17 +240,25 @@ def section_plan(res: dict) -> tuple[list[str], dict]:
 
 
 def section_sync(res: dict) -> tuple[list[str], dict]:
-    lo, full = res["lowrank_sync"], res["full_sync"]
-    out = [f"Command: `{res['command']}`. {res['params'] / 1e6:.1f}M-param model, rank {res['rank']}, engine "
-           f"{json.dumps(res['engine'])}, versions {json.dumps(res['versions'])}.", ""]  # fmt: skip
-    out += _table(["sync", "bytes (MB)", "seconds (median)", "each", "logprob gap after (mean / max)"], [
-        ["low-rank factors + dense params", _num(lo["bytes"] / MB, ".1f"), _num(lo["seconds_median"], ".2f"),
-         str(lo["seconds_each"]), f"{res['logprob_gap_after_lowrank_syncs']['mean']:.1e} / {res['logprob_gap_after_lowrank_syncs']['max']:.1e}"],
-        ["full weights", _num(full["bytes"] / MB, ".1f"), _num(full["seconds_median"], ".2f"), str(full["seconds_each"]),
-         f"{res['logprob_gap_after_full_sync']['mean']:.1e} / {res['logprob_gap_after_full_sync']['max']:.1e}"],
-    ]) + ["", f"Bytes ratio low-rank / full: **{res['bytes_ratio']:.3f}**."
-          + ("" if any(k.startswith("load") for k in res) else " No load average was recorded with this result."), ""]  # fmt: skip
-    return out, res
+    """Low-rank vs full sync per model size; the headline size's row is what the headline quotes."""
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}, at end "
+           f"{_load(res['load_end'])}. Run `{json.dumps(res['run'])}`, versions {json.dumps(res['versions'])}; fp32 engine "
+           "(vLLM CPU build), one engine per size in its own process.", ""]  # fmt: skip
+    rows = []
+    for size, r in res["sizes"].items():
+        if not r["ok"]:
+            rows.append([size, "failed: " + _clip(r["error"], 160)] + [""] * 8)
+            continue
+        lo, full, gap = r["lowrank_sync"], r["full_sync"], r["logprob_gap_after_lowrank_syncs"]
+        rows.append([size, _num(r["params"] / 1e6, ".1f"), str(r["rank"]), _num(lo["bytes"] / MB, ".1f"),
+                     _num(full["bytes"] / MB, ".1f"), f"**{r['bytes_ratio']:.3f}**", _num(lo["seconds_median"], ".2f"),
+                     _num(full["seconds_median"], ".2f"), f"{gap['mean']:.1e} / {gap['max']:.1e}",
+                     _num(r["engine"]["start_seconds"], ".0f")])  # fmt: skip
+    out += _table(["size", "params (M)", "rank", "low-rank MB", "full MB", "bytes ratio", "low-rank s (median)",
+                   "full s (median)", f"logprob gap after {res['run']['steps']} low-rank syncs (mean / max)",
+                   "engine start s"], rows) + [""]  # fmt: skip
+    head = res["sizes"].get(res["headline_size"], {})
+    return out, head if head.get("ok") else None
 
 
 def section_trl(res: dict) -> tuple[list[str], dict]:
@@ -303,14 +311,15 @@ def _headline(found: dict) -> list[str]:
                     "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."]
     s = found.get("sync_cost")
     if s:
-        out += [f"- Sync to vLLM: low-rank sends **{s['bytes_ratio']:.3f}×** the bytes of a full sync "
+        out += [f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: low-rank sends **{s['bytes_ratio']:.3f}×** "
+                "the bytes of a full sync "
                 f"({s['lowrank_sync']['seconds_median']:.2f} s vs {s['full_sync']['seconds_median']:.2f} s) "
                 "([table](#weight-sync-to-vllm))."]  # fmt: skip
     return out + (["- _No full results yet._"] if len(out) == 2 else []) + [""]
 
 
 def build(quick: bool, results: Path, readme: Path) -> str:
-    body, found, machine = [], {}, None
+    body, found, machine, walls = [], {}, None, {}
     for name, title, fn in SECTIONS:
         body += [f"## {title}", ""]
         path = results / f"{name}{'_quick' if quick else ''}.json"
@@ -318,6 +327,7 @@ def build(quick: bool, results: Path, readme: Path) -> str:
             body += _missing(name, quick)
             continue
         res = json.loads(path.read_text())
+        walls[name] = res.get("wall_seconds")
         machine = machine or (res["machine"] if "versions" in res.get("machine", {}) else None)
         lines, found[name] = fn(res)
         body += lines + _plot(name, quick, results, readme.parent)
@@ -330,6 +340,10 @@ def build(quick: bool, results: Path, readme: Path) -> str:
              ".venv/bin/python benchmarks/run_all.py      # the same without the install",
              ".venv/bin/python benchmarks/run_all.py --quick   # every script's --quick mode (CI smoke)", *COMMANDS.values(),
              ".venv/bin/python benchmarks/plots.py && .venv/bin/python benchmarks/make_readme.py", "```", ""]  # fmt: skip
+    if walls and all(walls.values()):
+        head += [f"Wall time of the runs behind these results (one after another, as `make bench` runs them): "
+                 + ", ".join(f"{name} {w / 60:.1f} min" for name, w in walls.items())
+                 + f"; **{sum(walls.values()) / 60:.0f} min** in all.", ""]  # fmt: skip
     if machine:
         v = machine.get("versions", {})
         head += ["## Machine", "", f"{machine['cpu']}, {machine['cores']} cores, "

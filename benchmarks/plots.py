@@ -114,13 +114,19 @@ def plot_kl_control(res: dict, plt):
 
 
 def plot_sync(res: dict, plt):
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    labels = ["low-rank", "full"]
-    axes[0].bar(labels, [res["lowrank_sync"]["bytes"] / 1e6, res["full_sync"]["bytes"] / 1e6], color=["C0", "C1"])
-    axes[0].set_title("bytes sent per sync (MB)", fontsize=9)
-    axes[1].bar(labels, [res["lowrank_sync"]["seconds_median"], res["full_sync"]["seconds_median"]], color=["C0", "C1"])
-    axes[1].set_title("seconds per sync (median)", fontsize=9)
-    fig.suptitle(f"Weight sync to vLLM: {res['params'] / 1e6:.0f}M params, rank {res['rank']}", fontsize=10)
+    rows = {size: r for size, r in res["sizes"].items() if r["ok"]}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    x, width = range(len(rows)), 0.38
+    for ax, key, title in ((axes[0], "bytes", "MB sent per sync"), (axes[1], "seconds_median", "seconds per sync (median)")):
+        scale = 1e6 if key == "bytes" else 1.0
+        for i, (kind, label) in enumerate((("lowrank_sync", "low-rank"), ("full_sync", "full"))):
+            ax.bar([j + (i - 0.5) * width for j in x], [r[kind][key] / scale for r in rows.values()], width,
+                   label=label, color=f"C{i}")  # fmt: skip
+        ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle("Weight sync to a vLLM engine (fp32, CPU): low-rank factors vs full weights", fontsize=10)
     return fig
 
 

@@ -1,20 +1,23 @@
-"""Cost of keeping a vLLM engine in step with the trainer: low-rank factors vs full weights.
+"""Cost of keeping a vLLM engine in step with the trainer: low-rank factors vs full weights, per model size.
 
-Run (full, ~100M Qwen2-shaped model as in ``optimizer_memory.py``, a few minutes on 2 cores):
+Run (full: the ~25M / ~100M / ~400M Qwen2 shapes of ``optimizer_memory.py``, rank 64, each size
+in its own process; about 5 min on 2 cores):
 
     .venv/bin/python benchmarks/sync_cost.py
-    .venv/bin/python benchmarks/sync_cost.py --quick      # the tiny test model, rank 8 (~1 min)
+    .venv/bin/python benchmarks/sync_cost.py --sizes 100m     # one size
+    .venv/bin/python benchmarks/sync_cost.py --quick          # the tiny test model, rank 8 (~1 min)
 
-The trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings included)
-on random tokens; after each step the applied update goes to a real ``VLLMEngine``
+Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings
+included) on random tokens; after each step the applied update goes to a real ``VLLMEngine``
 (fp32, CPU build here) as factors plus the dense params, exactly as
-:class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it. Then a full
-sync of every parameter is timed for comparison. Reported per sync: bytes handed to the
-engine (tensor payload; ``payload_bytes`` adds safetensors framing), wall seconds
-(serialize + RPC + the worker applying it, which on vLLM's CPU backend includes rebuilding
-the repacked weights of every changed module), and the drift: mean/max
-``|engine - trainer|`` logprob of tokens the engine sampled after the last low-rank sync.
-Results go to ``benchmarks/results/sync_cost[_quick].json``.
+:class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it. Then a full sync
+of every parameter is timed for comparison. Reported per sync: bytes handed to the engine
+(tensor payload; ``payload_bytes`` adds safetensors framing), wall seconds (serialize + RPC +
+the worker applying it, which on vLLM's CPU backend includes rebuilding the repacked weights
+of every changed module), and the drift: mean/max ``|engine - trainer|`` logprob of tokens
+the engine sampled after the last low-rank sync. A size that fails is recorded with its error.
+Results go to ``benchmarks/results/sync_cost[_quick].json`` (``headline_size``: the row the
+README headline quotes).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,30 +34,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS, load_average, shape_config  # noqa: E402
 
-FULL = dict(vocab=32000, hidden=768, layers=12, intermediate=2048, heads=12, kv_heads=4, max_pos=256,
-            rank=64, steps=3, full_syncs=2, batch=2, seq=32, threads=2, tie=True)  # fmt: skip
-QUICK = dict(rank=8, steps=3, full_syncs=2, batch=4, seq=16, threads=1)
+SIZES = ("25m", "100m", "400m")
+HEADLINE = "100m"
+RUN = {"full": dict(rank=64, steps=3, full_syncs=2, batch=2, seq=32, threads=2),
+       "quick": dict(rank=8, steps=3, full_syncs=2, batch=4, seq=16, threads=1)}  # fmt: skip
+QUICK_SIZE = "tiny"  # build_tiny_model: the test model and char tokenizer
 
 
-def build_model_dir(shape: dict, path: Path) -> str:
-    """A randomly initialised Qwen2 of ``shape`` plus the char tokenizer (vLLM itself never tokenizes here)."""
+def build_model_dir(size: str, path: Path) -> str:
+    """A randomly initialised Qwen2 of the benchmark shape ``size`` plus the char tokenizer
+    (vLLM itself never tokenizes here); ``tiny``: the test model."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from logra_lightning.models import build_char_tokenizer, build_tiny_model
 
-    if "vocab" not in shape:
+    if size == QUICK_SIZE:
         return build_tiny_model(path)
-    from transformers import Qwen2Config
-
     tok = build_char_tokenizer()
-    cfg = Qwen2Config(
-        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
-        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-        max_position_embeddings=shape["max_pos"], tie_word_embeddings=shape["tie"], eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype="float32",
-    )  # fmt: skip
+    fields = {k: v for k, v in shape_config(size).items() if k != "model_type"}
+    cfg = Qwen2Config(**fields, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype="float32")  # fmt: skip
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
@@ -61,6 +64,7 @@ def build_model_dir(shape: dict, path: Path) -> str:
 
 
 def drift(engine, policy, prompts, n: int = 4) -> tuple[float, float]:
+    """Mean / max ``|engine - trainer|`` logprob of ``n`` sampled 16-token completions per prompt."""
     import torch
 
     from logra_lightning.rollout import SamplingConfig
@@ -77,29 +81,22 @@ def drift(engine, policy, prompts, n: int = 4) -> tuple[float, float]:
     return d.mean().item(), d.max().item()
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny test model, rank 8")
-    args = parser.parse_args(argv)
-    shape = QUICK if args.quick else FULL
-
+def measure(size: str, run: dict) -> dict:
+    """Low-rank syncs after real LoGRA steps, then full syncs, into one fresh engine; one size."""
     import torch
 
-    torch.set_num_threads(shape["threads"])
-    import vllm
-
+    torch.set_num_threads(run["threads"])
     from logra_lightning.models import load_policy
     from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
 
     tmp = tempfile.TemporaryDirectory(prefix="sync_cost_")
-    path = build_model_dir(shape, Path(tmp.name) / "model")
+    path = build_model_dir(size, Path(tmp.name) / "model")
     policy, tok = load_policy(path)
-    n_params = sum(p.numel() for p in policy.parameters())
     t0 = time.perf_counter()
     engine = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
     start_seconds = time.perf_counter() - t0
-    opt = LoGRA(list(policy.named_parameters()), lr=1e-3, weight_decay=0.01, rank=shape["rank"], update_proj_gap=200)
+    opt = LoGRA(list(policy.named_parameters()), lr=1e-3, weight_decay=0.01, rank=run["rank"], update_proj_gap=200)
     opt.record_updates = True
     dense_names = set(opt.dense_param_names())
     params = dict(policy.named_parameters())
@@ -109,8 +106,8 @@ def main(argv=None) -> dict:
 
     engine.load_weights(policy.named_parameters())  # start in step
     lowrank = []
-    for _ in range(shape["steps"]):
-        ids = torch.randint(0, vocab, (shape["batch"], shape["seq"]), generator=g)
+    for _ in range(run["steps"]):
+        ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
         policy(ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad()
@@ -123,40 +120,83 @@ def main(argv=None) -> dict:
         lowrank.append({"bytes": sent, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds})
     gap_lowrank = drift(engine, policy, prompts)
     full = []
-    for _ in range(shape["full_syncs"]):
+    for _ in range(run["full_syncs"]):
         t = time.perf_counter()
         engine.load_weights(policy.named_parameters())
         full.append({"bytes": sum(p.numel() * p.element_size() for p in policy.parameters()),
                      "payload_bytes": engine.last_sync["bytes"], "seconds": time.perf_counter() - t})  # fmt: skip
     gap_full = drift(engine, policy, prompts)
     engine.close()
-
-    lr_bytes, full_bytes = lowrank[-1]["bytes"], full[-1]["bytes"]
-    result = {
-        "model": {k: shape[k] for k in ("vocab", "hidden", "layers", "intermediate", "heads", "kv_heads", "tie") if k in shape}
-        or "build_tiny_model default (TinyModelConfig)",
-        "params": n_params,
-        "rank": shape["rank"],
-        "engine": {"dtype": "float32", "sync_mode": engine.init_info["mode"], "reload_modules": engine.init_info["reload_modules"],
-                   "start_seconds": round(start_seconds, 1)},  # fmt: skip
-        "lowrank_sync": {"bytes": lr_bytes, "payload_bytes": lowrank[-1]["payload_bytes"],
+    tmp.cleanup()
+    return {
+        "ok": True, "params": sum(p.numel() for p in policy.parameters()), "rank": run["rank"],
+        "engine": {"dtype": "float32", "sync_mode": engine.init_info["mode"],
+                   "reload_modules": engine.init_info["reload_modules"], "start_seconds": round(start_seconds, 1)},
+        "lowrank_sync": {"bytes": lowrank[-1]["bytes"], "payload_bytes": lowrank[-1]["payload_bytes"],
                          "seconds_median": statistics.median(r["seconds"] for r in lowrank),
-                         "seconds_each": [round(r["seconds"], 3) for r in lowrank]},  # fmt: skip
-        "full_sync": {"bytes": full_bytes, "payload_bytes": full[-1]["payload_bytes"],
+                         "seconds_each": [round(r["seconds"], 3) for r in lowrank]},
+        "full_sync": {"bytes": full[-1]["bytes"], "payload_bytes": full[-1]["payload_bytes"],
                       "seconds_median": statistics.median(r["seconds"] for r in full),
-                      "seconds_each": [round(r["seconds"], 3) for r in full]},  # fmt: skip
-        "bytes_ratio": lr_bytes / full_bytes,
-        "logprob_gap_after_lowrank_syncs": {"mean": gap_lowrank[0], "max": gap_lowrank[1], "syncs": shape["steps"]},
+                      "seconds_each": [round(r["seconds"], 3) for r in full]},
+        "bytes_ratio": lowrank[-1]["bytes"] / full[-1]["bytes"],
+        "logprob_gap_after_lowrank_syncs": {"mean": gap_lowrank[0], "max": gap_lowrank[1], "syncs": run["steps"]},
         "logprob_gap_after_full_sync": {"mean": gap_full[0], "max": gap_full[1]},
+    }  # fmt: skip
+
+
+def _run_size(size: str, quick: bool) -> dict:
+    """``measure(size)`` in a fresh process (one engine per process); a failure becomes an error row."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    cmd = [sys.executable, __file__, "--worker", size, "--worker-out", str(out)] + (["--quick"] if quick else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    row = json.loads(out.read_text()) if proc.returncode == 0 and out.stat().st_size else {
+        "ok": False, "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}  # fmt: skip
+    out.unlink(missing_ok=True)
+    return {**row, "wall_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the tiny test model, rank 8")
+    parser.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
+    parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sync_cost[_quick].json)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    run = RUN["quick" if args.quick else "full"]
+    if args.worker:
+        Path(args.worker_out).write_text(json.dumps(measure(args.worker, run)))
+        return {}
+    sizes = [QUICK_SIZE] if args.quick else (args.sizes or list(SIZES))
+    unknown = sorted(set(sizes) - set(SIZES) - {QUICK_SIZE})
+    if unknown:
+        raise SystemExit(f"unknown --sizes {unknown} (allowed: {', '.join(SIZES)})")
+    import torch
+    import vllm
+
+    started, load_start = time.perf_counter(), load_average()
+    rows = {}
+    for size in sizes:
+        rows[size] = _run_size(size, args.quick)
+        r = rows[size]
+        print(f"{size}: " + (f"low-rank {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
+                             f"full {r['full_sync']['bytes'] / 1e6:.1f} MB {r['full_sync']['seconds_median']:.2f} s"
+                             if r["ok"] else f"FAILED {r['error'][-300:]}"), flush=True)  # fmt: skip
+    result = {
+        "command": "python benchmarks/sync_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "wall_seconds": round(time.perf_counter() - started, 1), "load_start": load_start, "load_end": load_average(),
         "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "python": platform.python_version()},
-        "torch_threads": shape["threads"],
-        "command": "benchmarks/sync_cost.py" + (" --quick" if args.quick else ""),
-    }
-    out = ROOT / "benchmarks" / "results" / f"sync_cost{'_quick' if args.quick else ''}.json"
+        "torch_threads": run["threads"], "run": run,
+        "shapes": {s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in sizes},
+        "headline_size": HEADLINE if HEADLINE in rows else sizes[0],
+        "sizes": rows,
+    }  # fmt: skip
+    out = Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    tmp.cleanup()
+    print(f"wrote {out}")
     return result
 
 

@@ -35,10 +35,14 @@ def _check_rows_recorded(rows: list[dict], key: str, wanted: list[str]) -> None:
             assert r["error"], f"failed row {r[key]} must say why"
 
 
-def _check_header(res: dict) -> None:
+def _check_header_loads(res: dict) -> None:
     assert set(res["load_start"]) == LOAD and set(res["load_end"]) == LOAD
+    assert res["command"].startswith("python benchmarks/") and res["wall_seconds"] > 0
+
+
+def _check_header(res: dict) -> None:
+    _check_header_loads(res)
     assert res["machine"]["cores"] >= 1 and "torch" in res["machine"]["versions"]
-    assert res["command"].startswith("python benchmarks/")
 
 
 def test_optimizer_memory_quick_fields_plots_and_readme(tmp_path: Path) -> None:
@@ -174,8 +178,12 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     from benchmarks import sync_cost
 
-    res = sync_cost.main(["--quick"])
-    assert {"bytes", "seconds_median"} <= set(res["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(res["full_sync"])
-    assert isinstance(res["bytes_ratio"], float)
-    shutil.copy(ROOT / "benchmarks" / "results" / "sync_cost_quick.json", tmp_path)
+    res = sync_cost.main(["--quick", "--out", str(tmp_path / "sync_cost_quick.json")])
+    _check_header_loads(res)
+    row = res["sizes"][res["headline_size"]]
+    assert row["ok"], row.get("error")
+    assert {"bytes", "seconds_median"} <= set(row["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(row["full_sync"])
+    assert isinstance(row["bytes_ratio"], float) and {"mean", "max"} <= set(row["logprob_gap_after_lowrank_syncs"])
     assert plots.main(["--quick", "--results", str(tmp_path)])[0].name == "sync_cost_quick.png"
+    text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
+    assert "low-rank sends" in text and "bytes ratio" in text
