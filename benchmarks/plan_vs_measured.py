@@ -228,12 +228,13 @@ def _run_worker(size: str, opt_name: str, ckpt: bool, malloc: str, quick: bool) 
     return row, ""
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="~1M / 5M / 13M shapes, live-bytes allocator only, ~1 min")
     ap.add_argument("--sizes", nargs="*", default=None, help="subset of the size names")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes at once (peaks are per process)")
     ap.add_argument("--fit-size", default="25m", help="size whose rows fit the allocator slack (the rest are held out)")
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/plan_vs_measured[_quick].json)")
     ap.add_argument("--worker", nargs=3, default=None, metavar=("SIZE", "OPT", "CKPT"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -242,7 +243,7 @@ def main(argv=None) -> None:
         size, opt_name, ckpt = args.worker
         row = worker(size, opt_name, ckpt == "1", sizes[size], run)
         Path(args.worker_out).write_text(json.dumps(row))
-        return
+        return {}
     (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
     mallocs = ("live",) if args.quick else tuple(MALLOC)
     started, load_start = time.perf_counter(), load_average()
@@ -304,10 +305,11 @@ def main(argv=None) -> None:
         },
         "rows": rows,
     }  # fmt: skip
-    path = ROOT / "benchmarks" / "results" / ("plan_vs_measured_quick.json" if args.quick else "plan_vs_measured.json")
+    path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"plan_vs_measured{'_quick' if args.quick else ''}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"]))
     print(f"wrote {path}")
+    return result
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import kl_control, make_readme, optimizer_memory, plots, quality, trl_grpo  # noqa: E402
+from benchmarks import kl_control, make_readme, optimizer_memory, plan_vs_measured, plots, quality, trl_grpo  # noqa: E402
 
 MEMORY_ROW_FIELDS = {"train_peak_bytes", "steady_peak_bytes", "optimizer_state_bytes", "grad_bytes_after_backward",
                      "step_time_s_median", "step_cpu_s_median", "rss_before_model_bytes", "load_before", "load_after"}  # fmt: skip
@@ -96,8 +96,7 @@ def test_kl_accuracy_summary_compares_seed_means() -> None:
 
 
 def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
-    from benchmarks import plan_vs_measured as pvm
-
+    pvm = plan_vs_measured
     run, rows = pvm.RUN["quick"], []
     for size, ratio in (("1m", 1.2), ("5m", 1.3)):  # measured = ratio x the planner's live-bytes peak
         pred = pvm.predict(pvm.QUICK[size], run, "adamw", True)
@@ -110,11 +109,16 @@ def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
     assert pvm.fit_allocator_slack(rows, "13m", run) is None
 
 
-def test_readme_plan_vs_measured_section(tmp_path: Path) -> None:
-    shutil.copy(ROOT / "benchmarks" / "results" / "plan_vs_measured_quick.json", tmp_path)
+def test_plan_vs_measured_quick_fields_and_readme(tmp_path: Path) -> None:
+    res = plan_vs_measured.main(["--quick", "--out", str(tmp_path / "plan_vs_measured_quick.json")])
+    assert json.loads((tmp_path / "plan_vs_measured_quick.json").read_text()) == res
+    assert res["command"].startswith("python benchmarks/") and set(res["load_start"]) == LOAD
+    assert res["summary"]["failed_rows"] == 0, [r.get("failed") for r in res["rows"]]
+    for row in res["rows"]:
+        assert {"params", "grads", "optimizer_state", "params_grads_state", "peak"} <= set(row["error"]["live"])
+        assert {"param_bytes", "optimizer_state_bytes", "train_peak_bytes"} <= set(row["measured"]["live"])
     text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
     section = text.split("## Memory planner vs measurement")[1].split("\n## ")[0]
-    res = json.loads((tmp_path / "plan_vs_measured_quick.json").read_text())
     assert section.count("\n| ") == len(res["rows"]) + 1, "one table row per size x optimizer x checkpointing"
     assert "params+grads+state within 2%" in section and "peak within 20% under `live`" in section
 
