@@ -121,16 +121,27 @@ def kl_summary(scalars: dict, target: float) -> dict:
 
 
 def accuracy_summary(runs: list[dict]) -> dict:
-    """Final held-out accuracy per row over seeds (mean, min, max, n), and whether the controlled
-    high-lr mean is no worse than the default-lr mean (None when either row has no finished run)."""
-    rows: dict[str, list[float]] = {}
+    """Final held-out accuracy per row over seeds (mean, min, max, n), and the controlled high-lr
+    row against the default-lr row: the difference of the means in points, the per-seed paired
+    differences (same seed = same data order and init) with their standard error, and the strict
+    verdict ``controlled mean >= default mean`` (None when either row has no finished run)."""
+    rows: dict[str, dict[int, float]] = {}
     for r in runs:
         if r["ok"] and r["row"] != "demo_overhead":
-            rows.setdefault(r["row"], []).append(r["accuracy_after"])
-    out: dict = {row: {"mean": statistics.fmean(v), "min": min(v), "max": max(v), "n": len(v)} for row, v in rows.items()}
-    both = "high_lr_kl_control" in out and "default_lr" in out
-    out["controlled_no_worse_than_default"] = (
-        out["high_lr_kl_control"]["mean"] >= out["default_lr"]["mean"] if both else None)  # fmt: skip
+            rows.setdefault(r["row"], {})[r["seed"]] = r["accuracy_after"]
+    out: dict = {row: {"mean": statistics.fmean(v.values()), "min": min(v.values()), "max": max(v.values()), "n": len(v)}
+                 for row, v in rows.items()}  # fmt: skip
+    ctrl, base = rows.get("high_lr_kl_control"), rows.get("default_lr")
+    if not (ctrl and base):
+        out["controlled_no_worse_than_default"] = None
+        return out
+    paired = [100 * (ctrl[s] - base[s]) for s in sorted(set(ctrl) & set(base))]
+    out["controlled_vs_default"] = {
+        "mean_difference_points": 100 * (out["high_lr_kl_control"]["mean"] - out["default_lr"]["mean"]),
+        "paired_difference_points": paired,
+        "paired_standard_error_points": statistics.stdev(paired) / math.sqrt(len(paired)) if len(paired) > 1 else None,
+    }  # fmt: skip
+    out["controlled_no_worse_than_default"] = out["high_lr_kl_control"]["mean"] >= out["default_lr"]["mean"]
     return out
 
 

@@ -19,18 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import ROOT, RESULTS  # noqa: E402
+from benchmarks.run_all import FULL_ARGS, SCRIPTS  # noqa: E402
 
 MB = 1e6
-COMMANDS = {
-    "optimizer_memory": ".venv/bin/python benchmarks/optimizer_memory.py",
-    "optimizer_step_time": ".venv/bin/python benchmarks/optimizer_memory.py --sizes 100m --rows adamw logra --repeat 3 "
-    "--out benchmarks/results/optimizer_step_time.json",
-    "plan_vs_measured": ".venv/bin/python benchmarks/plan_vs_measured.py",
-    "quality": ".venv/bin/python benchmarks/quality.py",
-    "kl_control": ".venv/bin/python benchmarks/kl_control.py",
-    "sync_cost": ".venv/bin/python benchmarks/sync_cost.py",
-    "trl_grpo": ".venv/bin/python benchmarks/trl_grpo.py",
-}
+COMMANDS = {  # exactly what `make bench` (run_all.py) runs for each result
+    name: " ".join([".venv/bin/python", f"benchmarks/{FULL_ARGS.get(name, (name, []))[0]}.py", *FULL_ARGS.get(name, (name, []))[1]])
+    for name in SCRIPTS
+}  # fmt: skip
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
@@ -59,7 +54,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _missing(name: str, quick: bool) -> list[str]:
-    return [f"_Not measured yet._ Run `{COMMANDS[name]}{' --quick' if quick else ''}`.", ""]
+    command = f".venv/bin/python benchmarks/{FULL_ARGS.get(name, (name, []))[0]}.py --quick" if quick else COMMANDS[name]
+    return [f"_Not measured yet._ Run `{command}`.", ""]
 
 
 def _plot(name: str, quick: bool, results: Path, readme_dir: Path) -> list[str]:
@@ -151,15 +147,22 @@ def section_kl(res: dict) -> tuple[list[str], dict]:
 
 def _kl_accuracy(res: dict) -> list[str]:
     """Final held-out accuracy per row over the seeds, and the "no worse than the default lr" verdict."""
-    acc = res.get("accuracy")
-    if not acc:
-        return []
+    from benchmarks.kl_control import accuracy_summary
+
+    acc = accuracy_summary(res["runs"])  # from the recorded runs, so it always matches the table above
     parts = [f"{row} {_pct(a['mean'])} (min {_pct(a['min'])}, max {_pct(a['max'])}, {a['n']} seeds)"
-             for row, a in acc.items() if isinstance(a, dict)]  # fmt: skip
-    verdict = acc.get("controlled_no_worse_than_default")
-    verdict_text = "not measured" if verdict is None else _met(verdict)
+             for row, a in acc.items() if isinstance(a, dict) and "mean" in a]  # fmt: skip
+    if not parts:
+        return []
+    verdict, diff = acc["controlled_no_worse_than_default"], acc.get("controlled_vs_default")
+    text = "not measured" if verdict is None else _met(verdict)
+    if diff:
+        se = diff["paired_standard_error_points"]
+        text += (f": {diff['mean_difference_points']:+.2f} points; paired by seed "
+                 + " / ".join(f"{d:+.1f}" for d in diff["paired_difference_points"])
+                 + (f" (standard error {se:.2f})" if se is not None else ""))  # fmt: skip
     return [f"Held-out accuracy at the end, mean over seeds: {'; '.join(parts)}. Target: the controlled high-lr mean is "
-            f"no worse than the default-lr mean → {verdict_text}.", ""]  # fmt: skip
+            f"no worse than the default-lr mean → {text}.", ""]  # fmt: skip
 
 
 def _kl_targets(res: dict) -> list[str]:
