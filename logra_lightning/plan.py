@@ -132,7 +132,7 @@ class PlanSetup:
         if not self.gpu_memory_gb > 0 or self.reserve_gb < 0:
             raise PlanError(f"gpu_memory_gb={self.gpu_memory_gb!r} must be > 0 and reserve_gb={self.reserve_gb!r} >= 0")
         if not 0 <= self.allocator_slack < 10:
-            raise PlanError(f"allocator_slack={self.allocator_slack!r} must be a fraction >= 0 (e.g. 0.1 for 10%)")
+            raise PlanError(f"allocator_slack={self.allocator_slack!r} must be a fraction in [0, 10) (0.1 = 10%)")
         if self.precision not in PRECISIONS:
             raise PlanError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.adamw_impl not in ADAMW_IMPLS:
