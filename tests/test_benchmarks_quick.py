@@ -1,9 +1,9 @@
 """The benchmarks' ``--quick`` modes run and write result files with the expected fields (not values).
 
 Every script's ``--quick`` mode runs here, in ``make test`` and so in CI (about 3 min together),
-into a temporary directory, and its result goes through the plot and README generators. Peers that are not installed (``galore-torch``,
-``apollo-torch``, ``bitsandbytes``, ``trl``: the ``bench`` extra) must show up as failed rows
-with an error, never as missing rows.
+into a temporary directory, and its result goes through the plot and README generators. Peers
+that are not installed (``galore-torch``, ``apollo-torch``, ``bitsandbytes``, ``trl``: the
+``bench`` extra) must show up as failed rows with an error, never as missing rows.
 """
 
 from __future__ import annotations
