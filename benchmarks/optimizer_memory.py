@@ -49,7 +49,6 @@ import argparse
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -57,7 +56,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, shape_config, write_result,
+    RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, run_worker, shape_config, write_result,
 )  # fmt: skip
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
@@ -268,19 +267,9 @@ def worker(name: str, size: str, run: dict) -> dict:
 
 
 def _run_row(name: str, size: str, quick: bool, timeout: float, threads: int | None = None) -> dict:
-    out = RESULTS / f".worker_{size}_{name}.json"
-    cmd = [sys.executable, __file__, "--worker", name, "--worker-size", size, "--worker-out", str(out)]
-    cmd += (["--quick"] if quick else []) + (["--threads", str(threads)] if threads else [])
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        err = f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
-    except subprocess.TimeoutExpired:
-        err = f"worker timed out after {timeout:.0f} s"
-    if out.exists():
-        row = json.loads(out.read_text())
-        out.unlink()
-        return row
-    return {"name": name, "size": size, "description": DESCRIPTION.get(name, ""), "ok": False, "error": err}
+    args = ["--worker", name, "--worker-size", size] + (["--quick"] if quick else []) + (["--threads", str(threads)] if threads else [])
+    row, err = run_worker(__file__, args, RESULTS / f".worker_{size}_{name}.json", timeout=timeout)
+    return row or {"name": name, "size": size, "description": DESCRIPTION.get(name, ""), "ok": False, "error": err}
 
 
 def _add_repeat(first: dict, row: dict) -> None:

@@ -40,7 +40,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import load_average, proc_memory, reset_peak_rss  # noqa: E402
+from benchmarks.common import RESULTS, load_average, proc_memory, reset_peak_rss, run_worker, write_result  # noqa: E402
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
@@ -217,15 +216,9 @@ def fit_allocator_slack(rows: list[dict], fit_size: str, run: dict) -> float | N
 
 
 def _run_worker(size: str, opt_name: str, ckpt: bool, malloc: str, quick: bool) -> tuple[dict | None, str]:
-    out = ROOT / "benchmarks" / "results" / f".plan_worker_{size}_{opt_name}_{int(ckpt)}_{malloc}.json"
-    cmd = [sys.executable, __file__, "--worker", size, opt_name, str(int(ckpt)), "--worker-out", str(out)]
-    env = dict(os.environ, **MALLOC[malloc])
-    proc = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True, env=env)
-    if not out.exists():
-        return None, f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
-    row = json.loads(out.read_text())
-    out.unlink()
-    return row, ""
+    out = RESULTS / f".plan_worker_{size}_{opt_name}_{int(ckpt)}_{malloc}.json"
+    args = ["--worker", size, opt_name, str(int(ckpt))] + (["--quick"] if quick else [])
+    return run_worker(__file__, args, out, env=MALLOC[malloc])
 
 
 def main(argv=None) -> dict:
@@ -244,7 +237,6 @@ def main(argv=None) -> dict:
         row = worker(size, opt_name, ckpt == "1", sizes[size], run)
         Path(args.worker_out).write_text(json.dumps(row))
         return {}
-    (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
     mallocs = ("live",) if args.quick else tuple(MALLOC)
     started, load_start = time.perf_counter(), load_average()
     keys = [(size, ckpt, opt_name) for size in args.sizes or list(sizes)
@@ -305,10 +297,8 @@ def main(argv=None) -> dict:
         },
         "rows": rows,
     }  # fmt: skip
-    path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"plan_vs_measured{'_quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"]))
-    print(f"wrote {path}")
+    write_result(Path(args.out) if args.out else RESULTS / f"plan_vs_measured{'_quick' if args.quick else ''}.json", result)
     return result
 
 

@@ -26,7 +26,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS, load_average, shape_config  # noqa: E402
+from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result  # noqa: E402
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
@@ -146,15 +145,9 @@ def measure(size: str, run: dict) -> dict:
 
 def _run_size(size: str, quick: bool) -> dict:
     """``measure(size)`` in a fresh process (one engine per process); a failure becomes an error row."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = Path(f.name)
-    cmd = [sys.executable, __file__, "--worker", size, "--worker-out", str(out)] + (["--quick"] if quick else [])
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    row = json.loads(out.read_text()) if proc.returncode == 0 and out.stat().st_size else {
-        "ok": False, "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}  # fmt: skip
-    out.unlink(missing_ok=True)
-    return {**row, "wall_seconds": round(time.perf_counter() - t0, 1)}
+    row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []), RESULTS / f".sync_worker_{size}.json")
+    return {**(row or {"ok": False, "error": err}), "wall_seconds": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv=None) -> dict:
@@ -193,10 +186,7 @@ def main(argv=None) -> dict:
         "headline_size": HEADLINE if HEADLINE in rows else sizes[0],
         "sizes": rows,
     }  # fmt: skip
-    out = Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json", result)
     return result
 
 

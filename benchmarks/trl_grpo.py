@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -41,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, machine_info, proc_memory, reset_peak_rss,
-    write_result,
+    run_worker, write_result,
 )  # fmt: skip
 from benchmarks.quality import QUICK, _gap, find_logra_config  # noqa: E402
 from logra_lightning.warmup import greedy_accuracy  # noqa: E402  (the same greedy exact match as the module)
@@ -207,18 +206,10 @@ def main(argv=None) -> dict:
         return row
     started, load_start, rows = time.time(), load_average(), []
     for name in args.rows:
-        out = WORK_DIR / f"trl_worker_{name}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.unlink(missing_ok=True)
         passed = sys.argv[1:] if argv is None else argv
-        cmd = [sys.executable, __file__, "--worker", name, "--worker-out", str(out), *passed]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-            err = f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
-        except subprocess.TimeoutExpired:
-            err = f"worker timed out after {args.timeout:.0f} s"
-        row = json.loads(out.read_text()) if out.exists() else {"row": name, "ok": False, "error": err}
+        row, err = run_worker(__file__, ["--worker", name, *passed], WORK_DIR / f"trl_worker_{name}.json",
+                              env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=args.timeout)  # fmt: skip
+        row = row or {"row": name, "ok": False, "error": err}
         rows.append(row)
         print(json.dumps({k: row.get(k) for k in ("row", "ok", "accuracy_before", "accuracy_after", "peak_bytes",
                                                   "step_seconds_median", "error")}), flush=True)  # fmt: skip

@@ -132,10 +132,14 @@ def greedy_completions(model, tokenizer, records: list[dict], max_new_tokens: in
     return texts
 
 
+def _answer_share(texts: list[str], records: list[dict], suffix: str = "") -> float:
+    """Fraction of ``texts`` equal to their record's answer (or, with ``suffix``, the answer plus it)."""
+    return sum(t in (r["answer"], r["answer"] + suffix) for t, r in zip(texts, records)) / len(records)
+
+
 def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128) -> float:
     """Fraction of ``records`` whose greedy completion equals the answer."""
-    texts = greedy_completions(model, tokenizer, records, max_new_tokens, batch_size)
-    return sum(t == r["answer"] for t, r in zip(texts, records)) / len(records)
+    return _answer_share(greedy_completions(model, tokenizer, records, max_new_tokens, batch_size), records)
 
 
 def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
@@ -164,10 +168,9 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     model.eval()
     texts = greedy_completions(model, tok, test)
     summary = {"steps": cfg.steps, "final_loss": loss, "seconds": time.perf_counter() - start,
-               "test_accuracy": sum(t == r["answer"] for t, r in zip(texts, test)) / len(test)}  # fmt: skip
+               "test_accuracy": _answer_share(texts, test)}  # fmt: skip
     if any(cfg.format_noise):
-        summary["test_accuracy_ignoring_suffix"] = sum(
-            t in (r["answer"], r["answer"] + cfg.noise_suffix) for t, r in zip(texts, test)) / len(test)  # fmt: skip
+        summary["test_accuracy_ignoring_suffix"] = _answer_share(texts, test, suffix=cfg.noise_suffix)
     model.save_pretrained(path, safe_serialization=True)
     (Path(path) / "warmup.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=2))
     return summary
