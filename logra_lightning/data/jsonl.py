@@ -1,7 +1,8 @@
 """Prompt/answer pairs from a JSONL file: one ``{"prompt": ..., "answer": ...}`` object per line.
 
-Blank lines are skipped; anything else that is not such an object is an error
-naming the file and line, raised before any model is built.
+Blank lines are skipped; anything else that is not such an object (or has a ``null``
+field) is an error naming the file and line, raised before any model is built. A path that
+is a directory or cannot be read (permissions) fails with the path and what to do.
 
 Example::
 
@@ -15,24 +16,46 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from logra_lightning.data.source import PromptSource
 from logra_lightning.errors import DataError
 
 
+def check_data_file(path: str | Path, key: str = "") -> None:
+    """``path`` must be an existing, readable file (not a directory).
+
+    Raises:
+        DataError: ``"<path>: <what>"``, with ``key`` (the config key) when given.
+    """
+    path = Path(path)
+    where = f" ({key})" if key else ""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.jsonl"))[:3]
+        hint = f"; it holds {', '.join(inside)}" if inside else ""
+        raise DataError(f"{path}: is a directory, not a data file{where}; give the .jsonl file{hint}")
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found{where}")
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{path}: cannot be read (permissions){where}; fix them with chmod or copy the file")
+
+
 def read_jsonl_records(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
     """Parse ``path`` as JSONL objects that each have ``fields`` (values turned into ``str``).
 
     Raises:
-        DataError: missing or empty file, non-UTF-8 bytes, invalid JSON, a non-object
-            line or a missing field; the message is ``"<path>:<line>: <what>"``.
+        DataError: missing, unreadable or empty file, a directory, non-UTF-8 bytes, invalid
+            JSON, a non-object line, a missing or null field; the message is ``"<path>:<line>: <what>"``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: data file not found")
+    check_data_file(path)
     records = []
-    with path.open("rb") as fh:
+    try:
+        fh = path.open("rb")
+    except OSError as err:
+        raise DataError(f"{path}: cannot be read ({err.strerror}); check its permissions") from None
+    with fh:
         for lineno, raw in enumerate(fh, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -49,6 +72,9 @@ def read_jsonl_records(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
             missing = [f for f in fields if f not in obj]
             if missing:
                 raise DataError(f"{path}:{lineno}: missing field(s) {missing}; each line needs {list(fields)}")
+            null = [f for f in fields if obj[f] is None]
+            if null:
+                raise DataError(f"{path}:{lineno}: field(s) {null} are null; each line needs a value for {list(fields)}")
             records.append({**obj, **{f: str(obj[f]) for f in fields}})
     if not records:
         raise DataError(f"{path}: no records (the file is empty)")
@@ -66,8 +92,7 @@ class JSONLSource(PromptSource):
     """
 
     def __init__(self, path: str) -> None:
-        if not Path(path).is_file():
-            raise DataError(f"{path}: data file not found (JSONLSource.path)")
+        check_data_file(path, "JSONLSource.path")
         self.path = path
 
     def load(self) -> list[dict]:
