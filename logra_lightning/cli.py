@@ -164,7 +164,7 @@ class LograCLI(LightningCLI):
             raise
         except Exception as err:  # noqa: BLE001 - torch.load of a damaged file, hyperparameters that do not parse
             path = self.config[self.config.subcommand].get("ckpt_path")
-            raise ConfigError(f"--ckpt_path {path}: cannot be read ({type(err).__name__}: "
+            raise ConfigError(f"--ckpt_path {path}: cannot be read, or its hyperparameters do not fit this config ({type(err).__name__}: "
                               f"{' '.join(str(err).split())[:200]})") from None  # fmt: skip
 
     @override

@@ -181,7 +181,7 @@ def check_safetensors(file: Path, model: str, key: str = "model.model") -> None:
 
 
 def _prefetch_hint(repo: str) -> str:
-    return (f"pre-fetch it where the hub is reachable with `hf download {repo}` (older huggingface_hub: "
+    return (f"Pre-fetch it where the hub is reachable with `hf download {repo}` (older huggingface_hub: "
             f"`huggingface-cli download {repo}`) into the cache, then run with HF_HUB_OFFLINE=1; or download it "
             f"with `--local-dir DIR` and set model.model=DIR")  # fmt: skip
 
