@@ -68,14 +68,14 @@ BACKWARD_PHASES = ("loss_backward", "head_backward", "layer_backward", "embeddin
 #: Sizes of a run. ``cuda``: the real check; ``dry``: the CPU rehearsal of the same code path.
 SETTINGS: dict[str, dict[str, Any]] = {
     "cuda": dict(device="cuda", precision="bf16-mixed", engine_dtype="bfloat16", model_dtype="bfloat16",
-                 steps=4, batch_size=8, group_size=8, max_new_tokens=128, micro_batch_size=16, rank=64,
+                 steps=3, batch_size=8, group_size=8, max_new_tokens=128, micro_batch_size=16, rank=64,
                  max_model_len=256, gpu_memory_utilization=0.25, kv_cache_space_gb=None, torch_threads=None,
-                 target_kl=1e-3, sample_tokens=256, dry_hidden=None,
+                 target_kl=1e-3, sample_tokens=256, finish_fraction=0.3, dry_hidden=None,
                  budget_s=600, build_timeout_s=180, part_timeout_s=150, min_part_s=45),
     "dry": dict(device="cpu", precision="32-true", engine_dtype="float32", model_dtype="float32",
                 steps=2, batch_size=2, group_size=4, max_new_tokens=16, micro_batch_size=8, rank=8,
                 max_model_len=64, gpu_memory_utilization=0.5, kv_cache_space_gb=0.25, torch_threads=1,
-                target_kl=1e-3, sample_tokens=64,
+                target_kl=1e-3, sample_tokens=64, finish_fraction=0.5,
                 dry_hidden={"qwen2.5-0.5b": 128, "qwen2.5-1.5b": 192, "qwen2.5-7b-4l": 256},
                 budget_s=1500, build_timeout_s=120, part_timeout_s=300, min_part_s=60),
 }  # fmt: skip
@@ -98,8 +98,12 @@ def fit_config(model: str, optimizer: str, settings: dict[str, Any], model_dir: 
     opt = json.loads(json.dumps(OPTIMIZERS[optimizer]))
     if "rank" in opt["init_args"]:
         opt["init_args"]["rank"] = s["rank"]
-    engine = {"dtype": s["engine_dtype"], "max_model_len": s["max_model_len"], "enforce_eager": True,
-              "gpu_memory_utilization": s["gpu_memory_utilization"], "kv_cache_space_gb": s["kv_cache_space_gb"]}
+    if s.get("engine", "vllm") == "vllm":
+        engine = {"class_path": "logra_lightning.rollout.VLLMEngineSpec", "init_args": {
+            "dtype": s["engine_dtype"], "max_model_len": s["max_model_len"], "enforce_eager": True,
+            "gpu_memory_utilization": s["gpu_memory_utilization"], "kv_cache_space_gb": s["kv_cache_space_gb"]}}
+    else:  # the fallback where vLLM cannot be installed: the trainer's own HF generate, a synced copy
+        engine = {"class_path": "logra_lightning.rollout.HFEngineSpec", "init_args": {"copy_weights": True}}
     return {
         "seed_everything": 0,
         "trainer": {
@@ -121,7 +125,7 @@ def fit_config(model: str, optimizer: str, settings: dict[str, Any], model_dir: 
             "temperature": 1.0, "micro_batch_size": s["micro_batch_size"], "activation_checkpointing": True,
             "torch_threads": s["torch_threads"], "max_consecutive_skips": 3,
             "reward": {"class_path": "gpu_check_models.DigitShareReward"},
-            "engine": {"class_path": "logra_lightning.rollout.VLLMEngineSpec", "init_args": engine},
+            "engine": engine,
             "optimizer": opt,
         },
         "data": {
@@ -150,8 +154,12 @@ def plan_command(model_dir: str, kw: dict[str, Any]) -> str:
             f"--adamw-impl {kw['adamw_impl']}")  # fmt: skip
 
 
-def predict(shape: dict[str, Any], optimizer: str, setup_kw: dict[str, Any]) -> dict[str, Any]:
-    """The planner's numbers for one part, in GB: trainer-only per MemoryMonitor phase (choice 1) and exact terms."""
+def predict(shape: dict[str, Any], optimizer: str, setup_kw: dict[str, Any], engine: str = "vllm") -> dict[str, Any]:
+    """The planner's numbers for one part, in GB: trainer-only per MemoryMonitor phase (choice 1) and exact terms.
+
+    With ``engine="hf"`` the engine is an fp32 copy of the weights inside the trainer process:
+    that copy is added to the trainer's phases.
+    """
     from logra_lightning.model_shapes import architecture_from_config
     from logra_lightning.plan import PlanSetup, plan
 
@@ -160,7 +168,8 @@ def predict(shape: dict[str, Any], optimizer: str, setup_kw: dict[str, Any]) -> 
 
     def trainer(phase: str) -> float:
         p = phases[phase]
-        return p["total"] - p["engine_weights"] - p["kv_cache"] - p["reserve"]
+        copy = p["params"] if engine == "hf" else 0
+        return p["total"] - p["engine_weights"] - p["kv_cache"] - p["reserve"] + copy
 
     kl_snapshot = phases["optimizer_step"]["params"] if optimizer == "adamw" else 0
     step = phases["optimizer_step"]
@@ -201,7 +210,7 @@ def summarize_part(series: dict[str, list], kl_history: list[dict], prediction: 
     logs = [abs(math.log(r["realized"] / r["predicted_raw"])) for r in kl_steps
             if r["realized"] and r["predicted_raw"] and r["realized"] > 0 and r["predicted_raw"] > 0]  # fmt: skip
     out: dict[str, Any] = {
-        "steps": len(steps),
+        "steps": len(kl_history), "batches": len(steps),  # optimizer steps; batches incl. skipped ones
         "seconds_per_step": {"median": statistics.median(warm) if warm else None, "first": steps[0] if steps else None,
                              "all": steps},
         "memory_peak_gb": memory, "memory_exact_gb": exact,
@@ -279,7 +288,7 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 def format_summary(report: dict[str, Any]) -> str:
     """The printed summary: one block per part, then the verdict."""
     m = report["machine"]
-    lines = [f"gpu_check ({report['mode']}): {m.get('device_name')} ({_fmt(m.get('device_memory_gb'), '.1f')} GB), "
+    lines = [f"gpu_check ({report['mode']}, {report['settings'].get('engine', 'vllm')} engine): {m.get('device_name')} ({_fmt(m.get('device_memory_gb'), '.1f')} GB), "
              f"torch {m.get('torch')}, vllm {m.get('vllm')}; {report['wall_seconds']:.0f} s wall "
              f"(install {_fmt(report['install'].get('seconds'), '.0f')} s)"]  # fmt: skip
     for run in report["runs"]:
@@ -289,8 +298,11 @@ def format_summary(report: dict[str, Any]) -> str:
             continue
         p, r, s, kl = run["plan"], run["measured_over_predicted"], run["sync"], run["kl"]
         mem, ex = run["memory_peak_gb"], run["memory_exact_gb"]
-        lines.append(head + f", {run['steps']} steps, {_fmt(run['seconds_per_step']['median'])} s/step "
-                     f"(first {_fmt(run['seconds_per_step']['first'])} s)")  # fmt: skip
+        skipped = int(run["skipped"]["batches"] + run["skipped"]["steps"])
+        lines.append(head + f", {run['steps']} steps" + (f" ({skipped} skipped)" if skipped else "")
+                     + f", {_fmt(run['seconds_per_step']['median'])} s/step (first "
+                     f"{_fmt(run['seconds_per_step']['first'])} s); completions cut at max_new_tokens: "
+                     + ", ".join(f"{x:.0%}" for x in run["completion_clipped_ratio"]))  # fmt: skip
         lines.append("   peak GB per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items())
                      + f"; whole device {_fmt(run.get('device_used_peak_gb'))}")  # fmt: skip
         lines.append(f"   plan (trainer): forward_backward {p['forward_backward_gb']:.2f} -> measured/plan "
@@ -376,13 +388,15 @@ def worker_build(spec: dict) -> None:
     for model, shape in spec["shapes"].items():
         path = Path(spec["models_dir"]) / model
         try:
-            if (path / "gpu_check_model.json").is_file() and json.loads((path / "gpu_check_model.json").read_text())[
-                "shape"
-            ] == shape:
-                info = {**json.loads((path / "gpu_check_model.json").read_text()), "reused": True}
+            meta = path / "gpu_check_model.json"
+            old = json.loads(meta.read_text()) if meta.is_file() else {}
+            wanted = {"shape": shape, "max_new_tokens": s["max_new_tokens"], "finish_fraction": s["finish_fraction"],
+                      "dtype": s["model_dtype"]}  # fmt: skip
+            if all(old.get(k) == v for k, v in wanted.items()):
+                info = {**old, "reused": True}  # built by an earlier run with the same settings
             else:
                 info = build_model_dir(path, shape, max_new_tokens=s["max_new_tokens"], dtype=s["model_dtype"],
-                                       device=s["device"])  # fmt: skip
+                                       device=s["device"], finish_fraction=s["finish_fraction"])  # fmt: skip
             out["models"][model] = {"status": "ok", "path": str(path), **info}
         except Exception as e:  # noqa: BLE001 - recorded, the other models still build
             out["models"][model] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
@@ -507,6 +521,7 @@ def run_check(args: argparse.Namespace) -> int:
         s["steps"] = args.steps
     if args.gpu_memory_utilization:
         s["gpu_memory_utilization"] = args.gpu_memory_utilization
+    s["engine"] = args.engine
     start = time.time()
     deadline = args.deadline or start + (args.budget_s or s["budget_s"])
     out = Path(args.out) if args.out else (
@@ -551,9 +566,10 @@ def run_check(args: argparse.Namespace) -> int:
                 print(f"gpu_check: {model} / {opt}: {why}", flush=True)
                 continue
             setup_kw = plan_setup_kwargs(s, machine.get("device_memory_gb") or 80.0)
-            engine_budget = s["gpu_memory_utilization"] * machine.get("device_memory_gb", 0) if s["device"] == "cuda" else 0
+            engine_budget = (s["gpu_memory_utilization"] * machine.get("device_memory_gb", 0)
+                             if s["device"] == "cuda" and s["engine"] == "vllm" else 0.0)
             try:
-                summary = summarize_part(result["scalars"], result["kl_history"], predict(shapes[model], opt, setup_kw),
+                summary = summarize_part(result["scalars"], result["kl_history"], predict(shapes[model], opt, setup_kw, s["engine"]),
                                          result["device_used_peak_gb"], engine_budget)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - a part whose numbers cannot be read is a failed part
                 runs.append({**run, "status": "failed (summary)", "error": f"{type(e).__name__}: {e}; log {log}"})
@@ -584,8 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="CPU rehearsal: tiny shapes, fp32, vLLM CPU engine")
     run.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     run.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
-    run.add_argument("--steps", type=int, default=None, help="RL steps per part (default 4 on CUDA, 2 dry)")
+    run.add_argument("--steps", type=int, default=None, help="RL steps per part (default 3 on CUDA, 2 dry)")
     run.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU (0.25)")
+    run.add_argument("--engine", default="vllm", choices=("vllm", "hf"),
+                     help="rollout engine: vLLM colocated (the check), or HF generate where vLLM cannot be installed")
     run.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu_check.json; dry: /tmp)")
     run.add_argument("--work", default=None, help="models, logs and run dirs (default runs/gpu_check; dry: beside --out)")
     run.add_argument("--budget-s", type=float, default=None, help="time for the whole check (600 s on CUDA)")

@@ -12,9 +12,12 @@
 #   scripts/gpu_check.sh --models qwen2.5-0.5b --optimizers logra --steps 3 --out /tmp/x.json
 #   scripts/gpu_check.sh --summarize benchmarks/results/gpu_check.json
 #
-# Install (CUDA): unless $GPU_CHECK_PYTHON (or .cache/gpu-venv) already imports a CUDA torch, vllm and
-# this package, it makes .cache/gpu-venv (with the system site-packages, so a preinstalled CUDA torch
-# is reused) and pip-installs vllm==$VLLM_VERSION, which pins its CUDA torch, plus this package.
+# Install (CUDA): unless $GPU_CHECK_PYTHON, .cache/gpu-venv or python3 already imports a CUDA torch,
+# vllm and this package, it makes .cache/gpu-venv (with the system site-packages, so a preinstalled
+# CUDA torch is reused) and pip-installs vllm==$VLLM_VERSION, which pins its CUDA torch, plus this
+# package, from the index or from GPU_CHECK_WHEELS=DIR (--no-index --find-links). Where vLLM cannot
+# be installed it says so and, unless GPU_CHECK_ENGINE=vllm, runs the same parts with the HF engine
+# (the trainer's own generate on a synced copy of the weights): memory, plan, KL and sync, no vLLM.
 # Time limits: the whole run GPU_CHECK_BUDGET_S (600; dry run 1500), the install
 # GPU_CHECK_INSTALL_TIMEOUT_S (360); each model build and each part has its own limit inside
 # gpu_check.py. Whatever runs out is killed and reported; the JSON is still written.
@@ -39,14 +42,16 @@ if [[ "${args[0]:-}" == "--summarize" ]]; then
     exec "${GPU_CHECK_PYTHON:-.venv/bin/python}" scripts/gpu_check.py summarize "${args[1]}"
 fi
 
-imports_ok() {  # $1 python, $2 "cuda" to also require a GPU; prints the reason when not
+imports_ok() {  # $1 python, $2 cpu | cuda | cuda-novllm (a GPU, no vLLM needed); prints the reason when not
     "$1" - "$2" <<'EOF'
 import sys
 try:
-    import torch, vllm, logra_lightning  # noqa: F401
+    import torch, logra_lightning, jsonargparse, lightning  # noqa: F401
+    if sys.argv[1] != "cuda-novllm":
+        import vllm  # noqa: F401
 except Exception as e:
     sys.exit(f"cannot import the stack: {type(e).__name__}: {e}")
-if sys.argv[1] == "cuda" and not torch.cuda.is_available():
+if sys.argv[1].startswith("cuda") and not torch.cuda.is_available():
     sys.exit(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)")
 EOF
 }
@@ -68,11 +73,20 @@ nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi found no usable GPU (nvidia-smi
 echo "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
 
 VENV=.cache/gpu-venv
-PY=${GPU_CHECK_PYTHON:-$VENV/bin/python}
-if [[ -x "$PY" ]] && imports_ok "$PY" cuda >/dev/null 2>&1; then
+ENGINE=${GPU_CHECK_ENGINE:-auto}   # auto: vllm, or the HF engine where vLLM cannot be installed
+PIP_SRC=()                          # GPU_CHECK_WHEELS=DIR: install from a wheel folder, no index
+[[ -n "${GPU_CHECK_WHEELS:-}" ]] && PIP_SRC=(--no-index --find-links "$GPU_CHECK_WHEELS")
+PY=""
+for cand in "${GPU_CHECK_PYTHON:-}" "$VENV/bin/python" python3; do
+    if [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && imports_ok "$cand" cuda >/dev/null 2>&1; then
+        PY=$cand; break
+    fi
+done
+if [[ -n "$PY" ]]; then
     export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="already installed in $PY"
+    ENGINE=vllm
 else
-    [[ -z "${GPU_CHECK_PYTHON:-}" ]] || die "GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON: $(imports_ok "$PY" cuda 2>&1)"
+    [[ -z "${GPU_CHECK_PYTHON:-}" ]] || die "GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON: $(imports_ok "$GPU_CHECK_PYTHON" cuda 2>&1)"
     BASE=""
     for cand in python3.13 python3.12 python3.11 python3; do
         if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -83,20 +97,31 @@ else
     INSTALL_TIMEOUT=${GPU_CHECK_INSTALL_TIMEOUT_S:-360}
     mkdir -p .cache
     LOG=.cache/gpu_check_install.log
+    PY=$VENV/bin/python
     echo "gpu_check: installing vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION with CUDA) and this package into $VENV" \
          "with $BASE; at most ${INSTALL_TIMEOUT} s, log $LOG"
     t0=$(date +%s)
-    [[ -x "$VENV/bin/python" ]] || "$BASE" -m venv --system-site-packages "$VENV" || die "could not create $VENV"
-    if ! timeout --kill-after=10 "$INSTALL_TIMEOUT" "$VENV/bin/python" -m pip install --progress-bar off -q \
-            "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION" -e . >"$LOG" 2>&1; then
+    [[ -x "$PY" ]] || "$BASE" -m venv --system-site-packages "$VENV" || die "could not create $VENV"
+    pip_install() { timeout --kill-after=10 "$INSTALL_TIMEOUT" "$PY" -m pip install --progress-bar off -q "${PIP_SRC[@]}" "$@" >>"$LOG" 2>&1; }
+    if pip_install "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION" -e . && why=$(imports_ok "$PY" cuda 2>&1); then
+        ENGINE=vllm
+        NOTE="installed vllm==$VLLM_VERSION into $VENV"
+    elif [[ "$ENGINE" == auto ]]; then
+        tail -n 8 "$LOG" >&2
+        echo "gpu_check: vLLM could not be installed (see above; log $LOG); falling back to the HF engine (no vLLM)" >&2
+        pip_install -e . || { tail -n 15 "$LOG" >&2; die "pip install -e . failed too (log: $LOG)"; }
+        why=$(imports_ok "$PY" cuda-novllm 2>&1) || die "installed, but: $why (log: $LOG)"
+        ENGINE=hf
+        NOTE="vllm==$VLLM_VERSION could not be installed (log $LOG): HF engine instead, in $VENV"
+    else
         tail -n 15 "$LOG" >&2
-        die "pip install failed or ran past ${INSTALL_TIMEOUT} s (full log: $LOG)"
+        die "pip install failed, ran past ${INSTALL_TIMEOUT} s, or left no CUDA stack: ${why:-see $LOG}"
     fi
-    why=$(imports_ok "$PY" cuda 2>&1) || die "installed, but: $why (log: $LOG)"
-    export GPU_CHECK_INSTALL_SECONDS=$(( $(date +%s) - t0 )) GPU_CHECK_INSTALL_NOTE="installed vllm==$VLLM_VERSION into $VENV"
-    echo "gpu_check: installed in ${GPU_CHECK_INSTALL_SECONDS} s"
+    export GPU_CHECK_INSTALL_SECONDS=$(( $(date +%s) - t0 )) GPU_CHECK_INSTALL_NOTE="$NOTE"
+    echo "gpu_check: installed in ${GPU_CHECK_INSTALL_SECONDS} s ($ENGINE engine)"
 fi
 
 left=$(( START + BUDGET - $(date +%s) ))
 (( left > 60 )) || die "only ${left} s of the ${BUDGET} s budget left after the install; run again (the install is kept)"
-exec timeout --kill-after=15 $((left + 30)) "$PY" scripts/gpu_check.py run --deadline $((START + BUDGET)) "${args[@]}"
+exec timeout --kill-after=15 $((left + 30)) "$PY" scripts/gpu_check.py run --engine "$ENGINE" \
+    --deadline $((START + BUDGET)) "${args[@]}"

@@ -13,7 +13,8 @@ Departures from "just random weights" (both needed for RL to do anything on a ra
 1. **EOS is made likely.** A random policy over 152k tokens samples EOS once in ~150k tokens,
    so every completion would be cut at ``max_new_tokens`` and the module skips such batches
    (``health.degenerate_rollout``: "all truncated"). Every token embedding gets a constant
-   in feature 0 (a direction the residual stream keeps), and the EOS row of the output head gets
+   in feature 0, doubled until that feature is still positive at the last layer on 99% of
+   positions (a direction the random layers do not drown), and the EOS row of the output head gets
    ``b`` in that feature, with ``b`` solved by bisection on random token sequences so that the
    mean per-token EOS probability is ``1 - (1 - finish_fraction) ** (1 / max_new_tokens)``:
    about ``finish_fraction`` of the completions end before ``max_new_tokens``, the rest are cut
@@ -196,7 +197,7 @@ def build_model_dir(path: str | Path, shape: dict[str, Any], *, max_new_tokens: 
     model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     info = {"params": sum(p.numel() for p in model.parameters()), "eos_feature": const, "eos_bias": bias,
-            "eos_probability": target,
+            "eos_probability": target, "max_new_tokens": max_new_tokens, "finish_fraction": finish_fraction,
             "dtype": dtype, "seconds": time.perf_counter() - start}  # fmt: skip
     (path / "gpu_check_model.json").write_text(json.dumps({"shape": shape, **info}, indent=2))
     del model

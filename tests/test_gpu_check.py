@@ -154,6 +154,16 @@ def test_fit_config_passes_validation_and_instantiates(tmp_path, optimizer):
     assert cuda["model"]["engine"]["init_args"]["dtype"] == "bfloat16"
 
 
+def test_hf_engine_fallback_config(tmp_path):
+    cfg = gpu_check.fit_config("qwen2.5-0.5b", "logra", {**DRY, "engine": "hf"}, "m", "r")
+    assert cfg["model"]["engine"] == {"class_path": "logra_lightning.rollout.HFEngineSpec",
+                                      "init_args": {"copy_weights": True}}  # fmt: skip
+    kw = gpu_check.plan_setup_kwargs(gpu_check.SETTINGS["cuda"], 150.0)
+    shape = gm.real_shape("qwen2.5-0.5b")
+    hf, vllm = gpu_check.predict(shape, "logra", kw, "hf"), gpu_check.predict(shape, "logra", kw)
+    assert hf["forward_backward_gb"] - vllm["forward_backward_gb"] == pytest.approx(hf["params_gb"])  # fp32 copy
+
+
 # ---------------------------------------------------------------------------------- plan
 def test_prediction_is_the_planner_without_the_engine_and_with_the_kl_snapshot():
     from logra_lightning.model_shapes import architecture_from_config
