@@ -142,6 +142,11 @@ def _check_model_type(cfg: dict, model: str, key: str) -> None:
         raise _fail(key, model, f"model_type {model_type!r} in config.json is not known to transformers "
                                 f"{transformers.__version__} (and custom model code is not run); upgrade transformers "
                                 "or use a supported model")  # fmt: skip
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise _fail(key, model, f"model_type {model_type!r} is not a causal language model (AutoModelForCausalLM "
+                                "cannot load it); RL post-training needs a decoder such as Qwen2 or Llama")  # fmt: skip
 
 
 def _check_weights(path: Path, model: str, key: str) -> None:
