@@ -46,13 +46,14 @@ imports_ok() {  # $1 python, $2 cpu | cuda | cuda-novllm (a GPU, no vLLM needed)
     "$1" - "$2" <<'EOF'
 import sys
 try:
-    import torch, logra_lightning, jsonargparse, lightning  # noqa: F401
+    import torch
+    if sys.argv[1].startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)")
+    import logra_lightning, jsonargparse, lightning  # noqa: F401
     if sys.argv[1] != "cuda-novllm":
         import vllm  # noqa: F401
-except Exception as e:
+except ImportError as e:
     sys.exit(f"cannot import the stack: {type(e).__name__}: {e}")
-if sys.argv[1].startswith("cuda") and not torch.cuda.is_available():
-    sys.exit(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)")
 EOF
 }
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_check  # noqa: E402
 import gpu_check_models as gm  # noqa: E402
+import gpu_check_report as rep  # noqa: E402
 
 DRY = gpu_check.SETTINGS["dry"]
 
@@ -54,6 +55,20 @@ def test_fails_fast_without_nvidia_smi(tmp_path):
 def test_dry_run_without_the_venv_says_what_to_do(tmp_path):
     result = run_script("--dry-run", env={"GPU_CHECK_PYTHON": str(tmp_path / "nope" / "python")})
     assert result.returncode == 1 and "run 'make venv' first" in result.stderr
+
+
+def test_a_python_without_cuda_is_refused_before_anything_runs(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"  # a GPU that torch cannot see (this machine's CPU-only torch)
+    fake.write_text("#!/bin/sh\necho 'GPU 0: Fake GPU'\n")
+    fake.chmod(0o755)
+    if torch.cuda.is_available():
+        pytest.skip("this test needs a torch that sees no GPU")
+    python = sys.executable
+    result = run_script(path=f"{bin_dir}:{os.environ['PATH']}", env={"GPU_CHECK_PYTHON": python, "GPU_CHECK_DRY": "0"})
+    assert result.returncode == 1
+    assert f"GPU_CHECK_PYTHON={python}: torch {torch.__version__} sees no CUDA GPU" in result.stderr
 
 
 def test_summarize_without_a_file_says_how_to_call_it():
@@ -158,9 +173,9 @@ def test_hf_engine_fallback_config(tmp_path):
     cfg = gpu_check.fit_config("qwen2.5-0.5b", "logra", {**DRY, "engine": "hf"}, "m", "r")
     assert cfg["model"]["engine"] == {"class_path": "logra_lightning.rollout.HFEngineSpec",
                                       "init_args": {"copy_weights": True}}  # fmt: skip
-    kw = gpu_check.plan_setup_kwargs(gpu_check.SETTINGS["cuda"], 150.0)
+    kw = rep.plan_setup_kwargs(gpu_check.SETTINGS["cuda"], 150.0)
     shape = gm.real_shape("qwen2.5-0.5b")
-    hf, vllm = gpu_check.predict(shape, "logra", kw, "hf"), gpu_check.predict(shape, "logra", kw)
+    hf, vllm = rep.predict(shape, "logra", kw, "hf"), rep.predict(shape, "logra", kw)
     assert hf["forward_backward_gb"] - vllm["forward_backward_gb"] == pytest.approx(hf["params_gb"])  # fp32 copy
 
 
@@ -170,12 +185,12 @@ def test_prediction_is_the_planner_without_the_engine_and_with_the_kl_snapshot()
     from logra_lightning.plan import PlanSetup, plan
 
     s = gpu_check.SETTINGS["cuda"]
-    kw = gpu_check.plan_setup_kwargs(s, device_memory_gb=150.0)
+    kw = rep.plan_setup_kwargs(s, device_memory_gb=150.0)
     assert (kw["batch"], kw["seq_len"], kw["rollout_batch"]) == (16, 6 + 128, 64)
     assert kw["precision"] == "bf16-mixed" and kw["adamw_impl"] == "foreach" and kw["colocate_engine"]
     shape = gm.real_shape("qwen2.5-0.5b")
     full = plan(architecture_from_config(shape), PlanSetup(**kw))["optimizers"]
-    adamw, logra = (gpu_check.predict(shape, o, kw) for o in ("adamw", "logra"))
+    adamw, logra = (rep.predict(shape, o, kw) for o in ("adamw", "logra"))
     assert adamw["params_gb"] == pytest.approx(494_032_768 * 4 / 1e9)
     assert adamw["optimizer_state_gb"] > 10 * logra["optimizer_state_gb"]
     step = full["adamw"]["phases"]["optimizer_step"]
@@ -183,7 +198,7 @@ def test_prediction_is_the_planner_without_the_engine_and_with_the_kl_snapshot()
     assert adamw["optimizer_gb"] == pytest.approx((trainer + step["params"]) / 1e9)  # + KL snapshot copy
     assert logra["kl_snapshot_gb"] == 0.0 and adamw["kl_snapshot_gb"] == pytest.approx(adamw["params_gb"])
     assert logra["peak_gb_with_engine"] == pytest.approx(full["logra"]["peak_bytes"] / 1e9)
-    cmd = gpu_check.plan_command("/m", kw)
+    cmd = rep.plan_command("/m", kw)
     assert cmd.startswith("logra plan --model /m --gpus 1") and "--colocate-engine --rollout-batch 64" in cmd
 
 
@@ -224,7 +239,7 @@ def test_summarize_part_reads_the_numbers_right():
     history = [{"step": 0, "eta": 1.0, "predicted_raw": 1e-4, "predicted": 1e-4, "realized": 2e-4},
                {"step": 1, "eta": 0.5, "predicted_raw": 1e-3, "predicted": 1e-3, "realized": 1e-3},
                {"step": 2, "eta": 0.5, "predicted_raw": 0.0, "predicted": 0.0, "realized": None}]  # fmt: skip
-    out = gpu_check.summarize_part(fake_series(), history, fake_prediction(), device_used_peak_gb=20.0,
+    out = rep.summarize_part(fake_series(), history, fake_prediction(), device_used_peak_gb=20.0,
                                    engine_budget_gb=10.0)  # fmt: skip
     assert out["steps"] == 3
     assert out["seconds_per_step"]["median"] == 2.5 and out["seconds_per_step"]["first"] == 9.0  # first excluded
@@ -244,14 +259,14 @@ def test_summarize_part_reads_the_numbers_right():
 
 def report(runs):
     machine = {"device_name": "NVIDIA H200", "device_memory_gb": 150.0, "torch": "2.13.0", "vllm": "0.32.0"}
-    return gpu_check.make_report("cuda", 0.0, 321.0, machine, gpu_check.SETTINGS["cuda"], {"seconds": 120.0},
+    return rep.make_report("cuda", 0.0, 321.0, machine, gpu_check.SETTINGS["cuda"], {"seconds": 120.0},
                                  {}, runs, command="scripts/gpu_check.sh")  # fmt: skip
 
 
 def ok_run(model="qwen2.5-0.5b", optimizer="logra"):
     history = [{"step": 0, "eta": 1.0, "predicted_raw": 1e-4, "predicted": 1e-4, "realized": 1.1e-4}]
     return {"model": model, "optimizer": optimizer, "status": "ok", "wall_seconds": 50.0,
-            **gpu_check.summarize_part(fake_series(), history, fake_prediction(), 20.0, 10.0),
+            **rep.summarize_part(fake_series(), history, fake_prediction(), 20.0, 10.0),
             "plan_command": "logra plan --model m"}  # fmt: skip
 
 
@@ -259,22 +274,22 @@ def test_report_schema_summary_and_json_round_trip(tmp_path):
     failed = {"model": "qwen2.5-7b-4l", "optimizer": "adamw", "status": "timeout", "wall_seconds": 150.0,
               "error": "timed out after 150 s; log x.log:\nCUDA out of memory"}  # fmt: skip
     good = report([ok_run(), ok_run(optimizer="adamw")])
-    assert good["ok"] and gpu_check.check_report(good) == []
+    assert good["ok"] and rep.check_report(good) == []
     path = tmp_path / "r.json"
     path.write_text(json.dumps(good))
-    assert gpu_check.check_report(json.loads(path.read_text())) == []
-    text = gpu_check.format_summary(good)
+    assert rep.check_report(json.loads(path.read_text())) == []
+    text = rep.format_summary(good)
     assert "NVIDIA H200" in text and "qwen2.5-0.5b / logra: ok" in text and "2.50 s/step" in text
     assert "measured/plan 1.250" in text and "gpu_check: all parts ran" in text
     assert "1.00e-04 -> 1.10e-04" in text
     bad = report([ok_run(), failed])
-    assert not bad["ok"] and gpu_check.check_report(bad) == []
-    assert "FAILED parts: qwen2.5-7b-4l/adamw" in gpu_check.format_summary(bad)
-    assert "CUDA out of memory" in gpu_check.format_summary(bad)
+    assert not bad["ok"] and rep.check_report(bad) == []
+    assert "FAILED parts: qwen2.5-7b-4l/adamw" in rep.format_summary(bad)
+    assert "CUDA out of memory" in rep.format_summary(bad)
     broken = report([ok_run()])
     del broken["runs"][0]["memory_peak_gb"]["weight_sync"], broken["runs"][0]["kl"]
     broken["ok"] = False
-    problems = gpu_check.check_report(broken)
+    problems = rep.check_report(broken)
     assert "runs[0] (qwen2.5-0.5b/logra): missing 'kl'" in problems
     assert "runs[0]: no memory peak for phase(s) weight_sync" in problems
     assert "'ok' does not match the runs' statuses" in problems
@@ -306,10 +321,10 @@ def test_dry_run_end_to_end(tmp_path):
     result = subprocess.run([BASH, str(SCRIPT), "--dry-run", "--models", "qwen2.5-0.5b", "--out", str(out)],
                             capture_output=True, text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rep = json.loads(out.read_text())
-    assert gpu_check.check_report(rep) == [] and rep["ok"] and rep["mode"] == "dry-run (cpu)"
-    assert rep["wall_seconds"] <= time.monotonic() - start + 1
-    runs = {r["optimizer"]: r for r in rep["runs"]}
+    doc = json.loads(out.read_text())
+    assert rep.check_report(doc) == [] and doc["ok"] and doc["mode"] == "dry-run (cpu)"
+    assert doc["wall_seconds"] <= time.monotonic() - start + 1
+    runs = {r["optimizer"]: r for r in doc["runs"]}
     assert set(runs) == {"adamw", "logra"}
     for run in runs.values():
         assert run["steps"] == DRY["steps"] and len(run["kl"]["steps"]) == DRY["steps"]
