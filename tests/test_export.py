@@ -159,11 +159,12 @@ def test_vllm_loads_the_export_and_answers_like_the_trainer(run):
 
 @pytest.mark.slow
 def test_export_of_a_real_fsdp2_run(tmp_path):
-    """2 CPU processes (configs/arithmetic_fsdp.yaml) write a distributed checkpoint; ``logra export`` reads it."""
+    """2 CPU processes (configs/arithmetic_fsdp.yaml) write a distributed checkpoint and, with ``--export``,
+    the gathered policy; ``logra export`` of the checkpoint gives the same weights."""
     from tests.test_fsdp_lightning import logra_command, run_lightning, tiny_budget
 
     run_lightning([*logra_command(), "fit", "--config", str(ROOT / "configs" / "arithmetic_fsdp.yaml"),
-                   *tiny_budget(tmp_path, 2), "--trainer.callbacks.every_n_train_steps", "2"])  # fmt: skip
+                   *tiny_budget(tmp_path, 2), "--export", str(tmp_path / "fit_export")])  # fmt: skip
     (ckpt,) = tmp_path.glob("arithmetic_fsdp/version_*/checkpoints/last.ckpt")
     assert ckpt.is_dir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -175,3 +176,5 @@ def test_export_of_a_real_fsdp2_run(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     weights, _ = read_checkpoint(ckpt)
     assert all(torch.equal(p, weights[n]) for n, p in model.state_dict().items())
+    gathered = load_file(tmp_path / "fit_export" / "model.safetensors")  # ExportPolicy under FSDP2, rank 0 wrote it
+    assert set(gathered) <= set(weights) and all(torch.equal(gathered[k], weights[k]) for k in gathered)
