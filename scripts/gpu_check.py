@@ -405,9 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run_limited, which kills the running part's group
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "run":
+        signal.signal(signal.SIGTERM, _terminated)  # e.g. the outer `timeout` of gpu_check.sh
         return run_check(args)
     if args.cmd == "summarize":
         print(format_summary(json.loads(Path(args.json).read_text())))

@@ -39,7 +39,10 @@ done
 
 if [[ "${args[0]:-}" == "--summarize" ]]; then
     [[ -f "${args[1]:-}" ]] || die "usage: $0 --summarize RESULT.json"
-    exec "${GPU_CHECK_PYTHON:-.venv/bin/python}" scripts/gpu_check.py summarize "${args[1]}"
+    for PY in "${GPU_CHECK_PYTHON:-}" .venv/bin/python .cache/gpu-venv/bin/python python3; do  # stdlib suffices
+        [[ -n "$PY" ]] && command -v "$PY" >/dev/null 2>&1 && exec "$PY" scripts/gpu_check.py summarize "${args[1]}"
+    done
+    die "no python found to print the summary"
 fi
 
 imports_ok() {  # $1 python, $2 cpu | cuda | cuda-novllm (a GPU, no vLLM needed); prints the reason when not
