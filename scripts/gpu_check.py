@@ -305,6 +305,19 @@ def worker_fit(spec: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------ driver
+def _user_args(argv: list[str]) -> list[str]:
+    """The command line as a user would type it again (without the shell's ``--deadline``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--deadline":
+            skip = True
+        elif not a.startswith("--deadline="):
+            out.append(a)
+    return out
+
+
 def run_check(args: argparse.Namespace) -> int:
     mode = "dry" if args.dry_run else "cuda"
     s = dict(SETTINGS[mode])
@@ -371,7 +384,7 @@ def run_check(args: argparse.Namespace) -> int:
                else None, "note": os.environ.get("GPU_CHECK_INSTALL_NOTE", "")}  # fmt: skip
     report = make_report(mode, start, time.time() - float(os.environ.get("GPU_CHECK_START", start)), machine, s,
                          install, {m: {"shape": shapes[m], **built["models"][m]} for m in args.models}, runs,
-                         command=" ".join(["scripts/gpu_check.sh", *sys.argv[2:]]))  # fmt: skip
+                         command=" ".join(["scripts/gpu_check.sh", *_user_args(sys.argv[2:])]))  # fmt: skip
     problems = check_report(report)
     if problems:
         report["problems"] = problems

@@ -18,6 +18,9 @@
 # package, from the index or from GPU_CHECK_WHEELS=DIR (--no-index --find-links). Where vLLM cannot
 # be installed it says so and, unless GPU_CHECK_ENGINE=vllm, runs the same parts with the HF engine
 # (the trainer's own generate on a synced copy of the weights): memory, plan, KL and sync, no vLLM.
+# That fallback needs only this package's own dependencies: on an image with CUDA torch, Lightning
+# and transformers but no index, a wheel folder with jsonargparse[signatures,omegaconf] and
+# math-verify (and their dependencies) is enough.
 # Time limits: the whole run GPU_CHECK_BUDGET_S (600; dry run 1500), the install
 # GPU_CHECK_INSTALL_TIMEOUT_S (360); each model build and each part has its own limit inside
 # gpu_check.py. Whatever runs out is killed and reported; the JSON is still written.
@@ -78,8 +81,10 @@ echo "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheade
 
 VENV=.cache/gpu-venv
 ENGINE=${GPU_CHECK_ENGINE:-auto}   # auto: vllm, or the HF engine where vLLM cannot be installed
-PIP_SRC=()                          # GPU_CHECK_WHEELS=DIR: install from a wheel folder, no index
-[[ -n "${GPU_CHECK_WHEELS:-}" ]] && PIP_SRC=(--no-index --find-links "$GPU_CHECK_WHEELS")
+PIP_SRC=(--retries 1 --timeout 20)  # fail fast where the index cannot be reached
+# GPU_CHECK_WHEELS=DIR: install from a folder of wheels, no index (and build this package with the
+# setuptools already there)
+[[ -n "${GPU_CHECK_WHEELS:-}" ]] && PIP_SRC=(--no-index --find-links "$GPU_CHECK_WHEELS" --no-build-isolation)
 PY=""
 for cand in "${GPU_CHECK_PYTHON:-}" "$VENV/bin/python" python3; do
     if [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && imports_ok "$cand" cuda >/dev/null 2>&1; then

@@ -334,3 +334,17 @@ def test_dry_run_end_to_end(tmp_path):
     logra, adamw = runs["logra"]["sync"], runs["adamw"]["sync"]
     assert logra["lowrank_over_dense"] < 0.5 and adamw["lowrank_over_dense"] == pytest.approx(1.0)
     assert "gpu_check: all parts ran" in result.stdout
+
+
+@pytest.mark.slow
+def test_dry_run_with_the_hf_engine_fallback(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--dry-run", "--engine", "hf",
+                             "--models", "qwen2.5-7b-4l", "--out", str(out), "--deadline", "9999999999"],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert rep.check_report(doc) == [] and doc["settings"]["engine"] == "hf"
+    assert "--deadline" not in doc["command"] and "--engine hf" in doc["command"]
+    assert {r["optimizer"]: r["status"] for r in doc["runs"]} == {"adamw": "ok", "logra": "ok"}
+
