@@ -4,9 +4,11 @@
         --precision bf16-mixed --activation-checkpointing
     logra plan --model path/to/hf_model_dir --gpus 1 --json
 
-``--model`` is a shipped shape (``qwen2.5-0.5b``, ``qwen2.5-7b``, ``gemma-3-27b``), a local HF
-directory or config JSON, or a hub ``org/name`` (see :mod:`logra_lightning.model_shapes`, which
-reads architecture fields only; the model is never built). This module is the memory model,
+``--model`` is a shipped shape (``qwen2.5-0.5b``, ``qwen2.5-7b``, ``gemma-3-27b``, ``llama-3-8b``,
+``qwen3-8b``, ``mistral-7b``, ``phi-3-mini``, ``qwen3-30b-a3b``), a local HF directory or config
+JSON of a Qwen2, Qwen3, Llama, Mistral, Gemma 3, Phi-3 or Qwen3-MoE model, or a hub ``org/name``
+(see :mod:`logra_lightning.model_shapes`, which reads architecture fields only; the model is
+never built). This module is the memory model,
 pure functions of the shape and a :class:`PlanSetup`. Checked against exact tensor sums (one
 process and a real 2-process FSDP2 run) in ``tests/test_plan.py`` and against measured peak
 memory in ``benchmarks/plan_vs_measured.py``.
@@ -19,17 +21,21 @@ element (4 for fp32, 2 for bf16):
 * gradients alive after backward: AdamW every sharded gradient; LoGRA only the dense group's
   (biases, norms): low-rank gradients are sketched and freed in their post-accumulate hook.
 * optimizer state: AdamW ``exp_avg``/``exp_avg_sq`` in the parameter dtype + an fp32 ``step``;
-  LoGRA per low-rank ``[m, n]`` matrix, all fp32, right side (``m <= n``, and embeddings):
+  LoGRA per low-rank ``[m, n]`` matrix, all fp32, right side (``m <= n``, embeddings, and MoE
+  experts ``[E, m', n]`` as one ``[E m', n]`` matrix):
   basis ``[n/N, r]``, ``exp_avg``/``exp_avg_sq`` ``[m/N, r]``; left side: basis
   ``[m/N, r]``, moments ``[r, n/N]``; int64 ``step`` and ``seed``. The gradient sketch (``[m/N, r]``
   or ``[r, n]``) exists only from backward to the step and is counted with the transients. Dense
   group: fp32 AdamW moments + int64 ``step`` (what ``optim/logra.py`` allocates).
-* activations saved per token per decoder layer (counted tensor by tensor on HF Qwen2, Qwen3 and
-  Gemma 3 in ``tests/test_plan.py``): each RMSNorm before a linear ``(4 + 2c) h + 4`` (fp32
+* activations saved per token per decoder layer (counted tensor by tensor on HF Qwen2, Qwen3,
+  Gemma 3, Phi-3 and Qwen3-MoE in ``tests/test_plan.py``): each RMSNorm before a linear ``(4 + 2c) h + 4`` (fp32
   upcast input, normalized and weighted outputs, rsqrt; Gemma ``(8 + c) h + 4``), q/k and Gemma's
   post-norms without the weighted output; attention ``c (2 q_dim + 2 kv_dim) + 4 heads`` (q, k,
-  v, output, fp32 logsumexp; no ``s^2`` scores: flash attention, or SDPA without a mask); MLP
-  ``4 c I`` (gate, act, up, product). Checkpointed: only ``c h`` per layer is saved and one layer
+  v, output, fp32 logsumexp; no ``s^2`` scores: flash attention, or SDPA without a mask; Phi-3's
+  fused ``qkv_proj``: ``c (q_dim + kv_dim)`` more, v being a view that keeps the whole fused
+  output alive, and ``c q_dim`` for the copy of the attention output o_proj saves); MLP
+  ``4 c I`` (gate, act, up, product; MoE layers ``I = k * moe_intermediate_size`` and routing,
+  see departure 6). Checkpointed: only ``c h`` per layer is saved and one layer
   is recomputed during backward. Head: ids 8, the final norm, and the logits:
   ``c V`` kept by the step + fp32 log-softmax ``4 V`` saved + two fp32 ``V`` gradients while
   log-softmax backward runs (``grpo.gather_logprobs`` over the full vocabulary).
@@ -72,6 +78,18 @@ Assumptions and departures (numbered):
    about 20% more (``benchmarks/plan_vs_measured.py`` fits it on the smallest size and tests
    it on the two larger ones).
 5. ``--gpu-memory-gb`` is read as GiB (an "80 GB" H100 reports 79.6 GiB).
+6. Mixture-of-experts layers (``k`` of ``E`` experts per token): activations as a dense MLP of
+   width ``k * moe_intermediate_size``
+   (:attr:`~logra_lightning.model_shapes.Architecture.active_intermediate_size`: every token
+   visits ``k`` experts however the router balances them) plus what transformers 5's default
+   experts implementation (``grouped_mm``) saves for the routing: per token and chosen expert
+   the gathered input and the expert's output (``2 c h``), its routing weight (``c``) and int64
+   indices (16), per token the fp32 router probabilities ``4 E``. Its ``eager`` loop keeps the
+   weighted output too (``c h`` more per chosen expert, +7% on the tiny test model);
+   ``batched_mm`` gathers a weight copy per token and is not modelled. The backward working set of a
+   layer is the dense one at that width. Weights, gradients and optimizer state count all ``E``
+   experts; FSDP2 shards an expert weight by experts, modelled as its ``E m'`` rows (exact
+   when ``N`` divides ``E``).
 """
 
 from __future__ import annotations
@@ -188,14 +206,14 @@ class OptimizerTerms:
 def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int) -> dict[str, int]:
     """Elements per rank of one LoGRA matrix, laid out as ``optim/logra.py`` and ``optim/sharding.py`` do.
 
-    The side comes from the global shape (right if ``m <= n``; embeddings always right). Under
+    The side comes from the global shape (right if ``m <= n``; embeddings and experts always right). Under
     FSDP2 every state tensor is sharded: right: basis rows ``[n_j, r]`` (all-gathered to ``[n, r]``
     in the hook and from ``prepare_update`` to the update), moments ``[m_i, r]``; left: basis
     ``[m_i, r]``, moments ``[r, n_j]``. The gradient sketch (``[m_i, r]`` right, ``[r, n]`` left: the
     partial ``P_i.T G_i``) lives only from backward to the step, like a gradient.
     """
     rows, cols, sharded = _shard(m.rows, n_gpus), _shard(m.cols, n_gpus), n_gpus > 1
-    if m.embedding or m.rows <= m.cols:
+    if m.embedding or m.expert or m.rows <= m.cols:
         return dict(state=cols * rank + 2 * rows * rank, sketch=rows * rank, moment=rows * rank, direction=rows * rank,
                     range=m.cols * k, omega=rows * k, held_basis=m.cols * rank if sharded else 0,
                     refresh_input=m.cols * k)  # fmt: skip
@@ -285,7 +303,16 @@ def layer_activation_bytes(arch: Architecture, c: int) -> int:
     if arch.qk_norm:
         norms += _norm_bytes(arch, c, q, arch.num_heads, False) + _norm_bytes(arch, c, kv, arch.num_kv_heads, False)
     attention = c * (2 * q + 2 * kv) + 4 * arch.num_heads  # q, k, v, output; fp32 logsumexp per head
-    return norms + attention + 4 * c * arch.intermediate_size
+    if arch.fused_projections:  # v views the fused [q + 2 kv] output; o_proj saves a copy of the output
+        attention += c * (q + kv) + c * q
+    return norms + attention + 4 * c * arch.active_intermediate_size + _routing_bytes(arch, c)
+
+
+def _routing_bytes(arch: Architecture, c: int) -> int:
+    """Per token, a MoE layer's saved routing (departure 6): k x (gathered input, expert output, weight, indices)."""
+    if not arch.num_experts:
+        return 0
+    return arch.num_experts_per_tok * (2 * c * arch.hidden_size + c + 16) + 4 * arch.num_experts
 
 
 def saved_activation_bytes(arch: Architecture, setup: PlanSetup, checkpointing: bool) -> int:
@@ -299,7 +326,7 @@ def activation_phases(arch: Architecture, setup: PlanSetup, checkpointing: bool)
     """Activation bytes per GPU at each phase of a step, and ``peak`` (their maximum)."""
     c, t, v, h = setup.compute_bytes, setup.tokens, arch.vocab_size, arch.hidden_size
     saved = saved_activation_bytes(arch, setup, checkpointing)
-    layer = layer_activation_bytes(arch, c) + c * (3 * arch.intermediate_size + 2 * h)  # + backward working set
+    layer = layer_activation_bytes(arch, c) + c * (3 * arch.active_intermediate_size + 2 * h)  # + backward working set
     phases = {
         "loss_backward": saved + t * (12 + c) * v,
         "head_backward": saved + t * 2 * c * v,
@@ -412,7 +439,8 @@ def format_table(result: dict[str, Any]) -> str:
     names = {"adamw": "AdamW", "logra": f"LoGRA r={s['rank']}"}
     lines = [
         f"{m['name']}: {m['params'] / 1e9:.2f}B params ({m['model_type']}, hidden {m['hidden_size']}, "
-        f"{m['num_layers']} layers, vocab {m['vocab_size']})",
+        f"{m['num_layers']} layers, vocab {m['vocab_size']}"
+        + (f", {m['num_experts']} experts, {m['num_experts_per_tok']} per token" if m["num_experts"] else "") + ")",
         f"{s['gpus']} GPU(s) x {s['gpu_memory_gb']:g} GiB, FSDP2, {s['precision']}, batch {s['batch']} x "
         f"seq {s['seq_len']} per GPU, activation checkpointing {'on' if s['activation_checkpointing'] else 'off'}"
         + (f", engine colocated (tp={s['engine_tp']})" if s["colocate_engine"] else ""),

@@ -11,6 +11,9 @@ by tensor with ``saved_tensors_hooks``. Peak memory against measured RSS lives i
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from logra_lightning.model_shapes import architecture_from_config, load_architecture, shipped_shapes
 from logra_lightning.optim import LoGRA, logra_param_groups
-from logra_lightning.plan import PlanError, PlanSetup, main, plan, plan_optimizer, saved_activation_bytes
+from logra_lightning.plan import (PlanError, PlanSetup, _lowrank_layout, engine_bytes, layer_activation_bytes, main,
+                                  plan, plan_optimizer, saved_activation_bytes)  # fmt: skip
 
 BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
@@ -30,7 +34,16 @@ FAMILIES = {
     "qwen3_head_dim": dict(BASE, model_type="qwen3", head_dim=32, tie_word_embeddings=True),
     "mistral_window": dict(BASE, model_type="mistral", sliding_window=16, tie_word_embeddings=False),
     "gemma3_text": dict(BASE, model_type="gemma3_text", head_dim=16, sliding_window=16, tie_word_embeddings=True),
-}
+    # Phi-3's default pad/bos/eos ids (32000, 1, 32000) are outside the tiny vocabulary
+    "phi3": dict(BASE, model_type="phi3", tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "qwen3_moe": dict(BASE, model_type="qwen3_moe", head_dim=32, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=48, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+def _matrix_shape(shape: torch.Size) -> tuple[int, int]:
+    """What LoGRA sees: a 3-D expert weight ``[E, m, n]`` is one ``[E * m, n]`` matrix."""
+    return math.prod(shape[:-1]), shape[-1]
 
 
 def _build(cfg: dict, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -60,14 +73,31 @@ def test_param_count_and_lowrank_split_match_the_real_model(family):
     arch = architecture_from_config(cfg)
     assert arch.num_params() == sum(p.numel() for p in model.parameters())
     lowrank = [g for g in logra_param_groups(model, rank=4) if g.get("rank")]
-    got = sorted(tuple(p.shape) for g in lowrank for p in g["params"])
+    got = sorted(_matrix_shape(p.shape) for g in lowrank for p in g["params"])
     want = sorted((m.rows, m.cols) for m in arch.matrices() for _ in range(m.count))
     assert got == want
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matrix_and_router_names_and_shapes_match_named_parameters(family):
+    """Every >= 2-D HF parameter is one of ``matrices()`` (by name and shape) or a dense router in ``vectors()``."""
+    cfg = FAMILIES[family]
+    model = _build(cfg)
+    arch = architecture_from_config(cfg)
+    got = Counter((re.sub(r"\.\d+\.", ".*.", n), _matrix_shape(p.shape)) for n, p in model.named_parameters()
+                  if p.ndim >= 2)  # fmt: skip
+    want = Counter({(m.name, (m.rows, m.cols)): m.count for m in arch.matrices()})
+    names = {m.name for m in arch.matrices()}
+    assert Counter({k: v for k, v in got.items() if k[0] in names}) == want
+    dense = {n: (size, count) for n, size, count, _ in arch.vectors()}
+    rest = {name: (math.prod(shape), count) for (name, shape), count in got.items() if name not in names}
+    assert rest == {n: dense[n] for n in rest}
+    assert bool(rest) == (family == "qwen3_moe")  # only the MoE router is a dense matrix
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "logra"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
-@pytest.mark.parametrize("family", ["qwen2_tied", "qwen2_untied", "llama_biases"])
+@pytest.mark.parametrize("family", ["qwen2_tied", "qwen2_untied", "llama_biases", "phi3", "qwen3_moe"])
 def test_param_grad_state_bytes_match_tensors_after_a_real_step(optimizer, precision, family):
     cfg = FAMILIES[family]
     model = _build(cfg, torch.bfloat16 if precision == "bf16-true" else torch.float32)
@@ -93,7 +123,7 @@ def test_param_grad_state_bytes_match_tensors_after_a_real_step(optimizer, preci
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
-@pytest.mark.parametrize("family", ["qwen2_tied", "qwen3_head_dim", "gemma3_text"])
+@pytest.mark.parametrize("family", ["qwen2_tied", "qwen3_head_dim", "gemma3_text", "phi3", "qwen3_moe"])
 def test_saved_activation_formula_matches_autograd(precision, family):
     """Every tensor autograd saves in forward (no checkpointing), counted once per storage."""
     cfg = FAMILIES[family]
@@ -122,11 +152,51 @@ def test_saved_activation_formula_matches_autograd(precision, family):
 
 # --------------------------------------------------------------------------------- shipped shapes
 @pytest.mark.parametrize(
-    ("name", "billions"), [("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("gemma-3-27b", 27.01)]
-)
+    ("name", "billions"),
+    [("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("gemma-3-27b", 27.01), ("llama-3-8b", 8.03),
+     ("qwen3-8b", 8.19), ("mistral-7b", 7.25), ("qwen3-30b-a3b", 30.5), ("phi-3-mini", 3.82)],
+)  # fmt: skip
 def test_shipped_shapes_have_the_published_sizes(name, billions):
     assert name in shipped_shapes()
     assert load_architecture(name).num_params() / 1e9 == pytest.approx(billions, rel=0.005)
+
+
+def test_moe_plan_counts_every_expert_and_sketches_experts_on_the_right():
+    arch = load_architecture("qwen3-30b-a3b")
+    experts = [m for m in arch.matrices() if m.expert]
+    assert [(m.rows, m.cols) for m in experts] == [(128 * 2 * 768, 2048), (128 * 2048, 768)]
+    active = arch.num_params() - sum(m.rows * m.cols * m.count for m in experts) * (1 - 8 / 128)
+    assert active / 1e9 == pytest.approx(3.3, rel=0.02)  # "A3B": ~3.3B active per token
+    r = 256
+    for m in experts:  # rows > cols, yet right: basis [n, r], moments 2 x [E m, r]
+        assert _lowrank_layout(m, r, r + 8, 1)["state"] == m.cols * r + 2 * m.rows * r
+    weights, _ = engine_bytes(arch, PlanSetup(colocate_engine=True, rank=r))
+    assert weights == 2 * arch.num_params()  # the engine holds all 128 experts in bf16
+    # activations follow k * moe_intermediate_size, not the (unused) dense intermediate_size
+    wider = architecture_from_config(dict(json.loads(Path(_shape_file("qwen3-30b-a3b")).read_text()),
+                                          intermediate_size=99999))  # fmt: skip
+    assert layer_activation_bytes(wider, 2) == layer_activation_bytes(arch, 2)
+    assert wider.num_params() == arch.num_params()
+
+
+def test_moe_logra_state_prediction_matches_the_optimizer_with_right_sketched_experts():
+    cfg = FAMILIES["qwen3_moe"]
+    model = _build(cfg)
+    opt = LoGRA(logra_param_groups(model, rank=8, update_proj_gap=10), lr=1e-3)
+    ids = torch.randint(0, cfg["vocab_size"], (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()  # the dense group's AdamW state exists after the first step
+    names = {id(p): n for n, p in model.named_parameters()}
+    experts = {names[id(p)]: st for p, st in opt.state.items() if p.ndim == 3}
+    assert len(experts) == 2 * cfg["num_hidden_layers"]
+    for name, st in experts.items():
+        e, m, n = model.get_parameter(name).shape
+        assert tuple(st["basis"].shape) == (n, 8)  # right: Q is [n, r], shared by the experts
+        assert tuple(st["exp_avg"].shape) == (e * m, 8)
+    arch = architecture_from_config(cfg)
+    pred = plan_optimizer(arch, PlanSetup(rank=8, precision="fp32", reserve_gb=0), "logra")
+    state = sum(_nbytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+    assert pred["phases"]["optimizer_step"]["optimizer_state"] == state
 
 
 def test_sharding_divides_params_and_logra_state_by_gpus():
@@ -197,8 +267,34 @@ def test_default_rank_fits_small_models(capsys):
     assert json.loads(capsys.readouterr().out)["setup"]["rank"] == 128
 
 
-def _write(tmp_path, **changes) -> str:
-    cfg = dict(FAMILIES["qwen2_tied"], **changes)
+def _shape_file(name: str) -> str:
+    from importlib import resources
+
+    return str(resources.files("logra_lightning.model_shapes").joinpath(f"{name}.json"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cli_reads_a_saved_config_of_every_family(tmp_path, capsys, family):
+    """``logra plan --model <dir>`` on the config.json transformers writes (all its extra keys)."""
+    cfg = FAMILIES[family]
+    AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"}).save_pretrained(
+        tmp_path)  # fmt: skip
+    assert main(["--model", str(tmp_path), "--rank", "8", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"]["model_type"] == cfg["model_type"]
+    assert result["model"]["params"] == sum(p.numel() for p in _build(cfg).parameters())
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "qwen3-8b", "mistral-7b", "phi-3-mini", "qwen3-30b-a3b"])
+def test_cli_plans_the_new_shipped_shapes(capsys, name):
+    assert main(["--model", name, "--gpus", "8", "--seq-len", "4096"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith(f"{name}: {load_architecture(name).num_params() / 1e9:.2f}B params")
+    assert ("128 experts, 8 per token" in table) == (name == "qwen3-30b-a3b")
+
+
+def _write(tmp_path, family="qwen2_tied", **changes) -> str:
+    cfg = dict(FAMILIES[family], **changes)
     cfg = {k: v for k, v in cfg.items() if v is not None}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -210,6 +306,14 @@ def _write(tmp_path, **changes) -> str:
     [
         (lambda p: ["--model", _write(p, num_experts=8)], "num_experts=8"),
         (lambda p: ["--model", _write(p, moe_intermediate_size=64)], "moe_intermediate_size"),
+        (lambda p: ["--model", _write(p, "qwen3_moe", decoder_sparse_step=2)], "decoder_sparse_step=2"),
+        (lambda p: ["--model", _write(p, "qwen3_moe", mlp_only_layers=[0])], "mlp_only_layers=[0]"),
+        (lambda p: ["--model", _write(p, "qwen3_moe", shared_expert_intermediate_size=64)],
+         "shared_expert_intermediate_size=64"),
+        (lambda p: ["--model", _write(p, "qwen3_moe", model_type="qwen2_moe")], "its shared experts are not modelled"),
+        (lambda p: ["--model", _write(p, "qwen3_moe", num_experts_per_tok=8)], "num_experts_per_tok=8"),
+        (lambda p: ["--model", _write(p, "qwen3_moe", num_experts=None)], "'num_experts' is missing"),
+        (lambda p: ["--model", _write(p, "phi3", num_experts=4)], "num_experts=4"),
         (lambda p: ["--model", _write(p, hidden_size=None)], "'hidden_size' is missing"),
         (lambda p: ["--model", _write(p, num_hidden_layers=0)], "num_hidden_layers=0"),
         (lambda p: ["--model", _write(p, model_type="mamba")], "model_type='mamba'"),
