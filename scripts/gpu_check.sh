@@ -17,7 +17,8 @@
 # CUDA torch is reused) and pip-installs vllm==$VLLM_VERSION, which pins its CUDA torch, plus this
 # package, from the index or from GPU_CHECK_WHEELS=DIR (--no-index --find-links). Where vLLM cannot
 # be installed it says so and, unless GPU_CHECK_ENGINE=vllm, runs the same parts with the HF engine
-# (the trainer's own generate on a synced copy of the weights): memory, plan, KL and sync, no vLLM.
+# (the trainer's own generate on a synced copy of the weights): memory, plan, KL and sync, no vLLM;
+# later runs reuse that install without retrying vLLM (GPU_CHECK_ENGINE=vllm retries; =hf never tries).
 # That fallback needs only this package's own dependencies: on an image with CUDA torch, Lightning
 # and transformers but no index, a wheel folder with jsonargparse[signatures,omegaconf] and
 # math-verify (and their dependencies) is enough.
@@ -80,20 +81,27 @@ nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi found no usable GPU (nvidia-smi
 echo "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
 
 VENV=.cache/gpu-venv
-ENGINE=${GPU_CHECK_ENGINE:-auto}   # auto: vllm, or the HF engine where vLLM cannot be installed
+ENGINE=${GPU_CHECK_ENGINE:-auto}   # auto: vllm, or the HF engine where vLLM cannot be installed; vllm; hf
 PIP_SRC=(--retries 1 --timeout 20)  # fail fast where the index cannot be reached
 # GPU_CHECK_WHEELS=DIR: install from a folder of wheels, no index (and build this package with the
 # setuptools already there)
 [[ -n "${GPU_CHECK_WHEELS:-}" ]] && PIP_SRC=(--no-index --find-links "$GPU_CHECK_WHEELS" --no-build-isolation)
-PY=""
-for cand in "${GPU_CHECK_PYTHON:-}" "$VENV/bin/python" python3; do
-    if [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && imports_ok "$cand" cuda >/dev/null 2>&1; then
-        PY=$cand; break
-    fi
-done
-if [[ -n "$PY" ]]; then
-    export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="already installed in $PY"
+find_python() {  # $1 cuda | cuda-novllm: the first interpreter that imports the stack so
+    local cand
+    for cand in "${GPU_CHECK_PYTHON:-}" "$VENV/bin/python" python3; do
+        if [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && imports_ok "$cand" "$1" >/dev/null 2>&1; then
+            echo "$cand"; return 0
+        fi
+    done
+    return 1
+}
+HF_MARK=$VENV/.gpu_check_hf_fallback  # left by a fallback install: later runs do not retry vLLM (delete to retry)
+if [[ "$ENGINE" != hf ]] && PY=$(find_python cuda); then
     ENGINE=vllm
+    export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="already installed in $PY"
+elif [[ "$ENGINE" == hf || ( "$ENGINE" == auto && -f "$HF_MARK" ) ]] && PY=$(find_python cuda-novllm); then
+    ENGINE=hf
+    export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="already installed in $PY (no vLLM: HF engine)"
 else
     [[ -z "${GPU_CHECK_PYTHON:-}" ]] || die "GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON: $(imports_ok "$GPU_CHECK_PYTHON" cuda 2>&1)"
     BASE=""
@@ -107,24 +115,30 @@ else
     mkdir -p .cache
     LOG=.cache/gpu_check_install.log
     PY=$VENV/bin/python
-    echo "gpu_check: installing vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION with CUDA) and this package into $VENV" \
-         "with $BASE; at most ${INSTALL_TIMEOUT} s, log $LOG"
     t0=$(date +%s)
     [[ -x "$PY" ]] || "$BASE" -m venv --system-site-packages "$VENV" || die "could not create $VENV"
     pip_install() { timeout --kill-after=10 "$INSTALL_TIMEOUT" "$PY" -m pip install --progress-bar off -q "${PIP_SRC[@]}" "$@" >>"$LOG" 2>&1; }
-    if pip_install "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION" -e . && why=$(imports_ok "$PY" cuda 2>&1); then
-        ENGINE=vllm
-        NOTE="installed vllm==$VLLM_VERSION into $VENV"
-    elif [[ "$ENGINE" == auto ]]; then
-        tail -n 8 "$LOG" >&2
-        echo "gpu_check: vLLM could not be installed (see above; log $LOG); falling back to the HF engine (no vLLM)" >&2
-        pip_install -e . || { tail -n 15 "$LOG" >&2; die "pip install -e . failed too (log: $LOG)"; }
+    why=""
+    if [[ "$ENGINE" != hf ]]; then
+        echo "gpu_check: installing vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION with CUDA) and this package" \
+             "into $VENV with $BASE; at most ${INSTALL_TIMEOUT} s, log $LOG"
+        if pip_install "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION" -e . && why=$(imports_ok "$PY" cuda 2>&1); then
+            ENGINE=vllm
+            NOTE="installed vllm==$VLLM_VERSION into $VENV"
+        else
+            tail -n 8 "$LOG" >&2
+            [[ "$ENGINE" == auto ]] || die "vLLM could not be installed: ${why:-see $LOG} (GPU_CHECK_ENGINE=vllm)"
+            echo "gpu_check: vLLM could not be installed (see above; log $LOG); falling back to the HF engine" >&2
+            NOTE="vllm==$VLLM_VERSION could not be installed (log $LOG): HF engine instead"
+        fi
+    else
+        NOTE="GPU_CHECK_ENGINE=hf: no vLLM"
+    fi
+    if [[ "$ENGINE" != vllm ]]; then
+        pip_install -e . || { tail -n 15 "$LOG" >&2; die "pip install -e . failed (log: $LOG)"; }
         why=$(imports_ok "$PY" cuda-novllm 2>&1) || die "installed, but: $why (log: $LOG)"
         ENGINE=hf
-        NOTE="vllm==$VLLM_VERSION could not be installed (log $LOG): HF engine instead, in $VENV"
-    else
-        tail -n 15 "$LOG" >&2
-        die "pip install failed, ran past ${INSTALL_TIMEOUT} s, or left no CUDA stack: ${why:-see $LOG}"
+        touch "$HF_MARK"
     fi
     export GPU_CHECK_INSTALL_SECONDS=$(( $(date +%s) - t0 )) GPU_CHECK_INSTALL_NOTE="$NOTE"
     echo "gpu_check: installed in ${GPU_CHECK_INSTALL_SECONDS} s ($ENGINE engine)"
