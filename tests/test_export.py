@@ -84,6 +84,15 @@ def test_logra_export_from_the_ckpt_matches_the_fit_export(run, tmp_path):
     assert load_file(tmp_path / "out" / "model.safetensors")["lm_head.weight"].dtype == torch.bfloat16
 
 
+def test_the_checkpoint_still_resumes(run, tmp_path):
+    """The start-up checks of --ckpt_path let a whole checkpoint through to Lightning."""
+    cli = main(["fit", "--config", CONFIG, "--ckpt_path", str(run.ckpt), "--trainer.max_steps", "3",
+                "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1", "--data.batch_size", "4",
+                "--model.group_size", "4", "--data.val.init_args.test_size", "16",
+                "--trainer.logger.init_args.save_dir", str(tmp_path)])  # fmt: skip
+    assert cli.trainer.global_step == 3 and cli.model.hparams.model == "builtin:arithmetic-tiny-raw"  # from the ckpt
+
+
 def test_logra_export_from_a_distributed_checkpoint(run, tmp_path):
     """The layout ModelParallelStrategy writes: DCP shards of {"state_dict", "optimizer_0"} plus meta.pt."""
     import torch.distributed.checkpoint as dcp
