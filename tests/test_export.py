@@ -46,9 +46,11 @@ def run(tmp_path_factory) -> types.SimpleNamespace:
                 "--data.val.init_args.test_size", "16", "--export", str(tmp / "export")])  # fmt: skip
     ckpt = tmp / "final.ckpt"
     cli.trainer.save_checkpoint(ckpt)
+    bar = cli.trainer.progress_bar_callback.train_progress_bar
     policy, tok = cli.model.policy.eval(), cli.model.tokenizer
     return types.SimpleNamespace(
-        tmp=tmp, export=tmp / "export", ckpt=ckpt, policy=policy, tok=tok,
+        tmp=tmp, export=tmp / "export", ckpt=ckpt, policy=policy, tok=tok, bar=bar,
+        bar_class=type(cli.trainer.progress_bar_callback).__name__,
         weights={k: v.detach().clone() for k, v in policy.state_dict().items()},
         answers=greedy_completions(policy, tok, PROMPTS, max_new_tokens=5),
     )  # fmt: skip
@@ -63,6 +65,12 @@ def test_fit_export_holds_the_trainers_weights(run):
     info = json.loads((run.export / MARKER).read_text())
     assert info["base_model"] == "builtin:arithmetic-tiny-raw" and info["global_step"] == 2
     assert json.loads((run.export / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+
+
+def test_progress_bar_counts_rl_steps_and_shows_reward(run):
+    assert run.bar_class == "StepProgressBar"
+    assert (run.bar.n, run.bar.total, run.bar.desc.rstrip(": ")) == (2, 2, "RL step")  # not "Epoch 0/-2"
+    assert "reward=" in run.bar.postfix and "accuracy=" in run.bar.postfix and "v_num" not in run.bar.postfix
 
 
 def test_transformers_loads_the_export_and_answers_like_the_trainer(run):
