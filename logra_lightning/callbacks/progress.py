@@ -5,7 +5,7 @@ Lightning's default bar counts batches of the current epoch and labels them ``Ep
 ``v_num``. An RL run is bounded by ``max_steps`` and an epoch of prompts means little, so this
 bar reads::
 
-    RL step 37/200 ━━━━━━  37/200 [00:21<01:33, 1.75 step/s, reward=0.62, accuracy=0.62, val=0.58]
+    RL step:  18%|█▊        | 37/200 [00:21<01:33, 1.75step/s, reward=0.620, accuracy=0.620, val=0.578]
 
 ``logra fit`` uses it unless the config names another progress bar or sets
 ``trainer.enable_progress_bar: false``.
