@@ -36,6 +36,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -147,6 +149,7 @@ def gather_update_factors(optimizer: torch.optim.Optimizer, updates: list[LowRan
                 f"update of {u.name!r}: left factor has {u.left.shape[0]} rows, but this rank holds rows "
                 f"[{shard.start}, {shard.stop}) of {tuple(p.shape)}"
             )
-        left = sh.gather_chunks(u.left.contiguous(), shard, p.shape[0])  # [m, r] from every rank's [m_i, r]
+        rows = math.prod(p.shape[:-1])  # a 3-D expert weight is its [E*m, n] matrix
+        left = sh.gather_chunks(u.left.contiguous(), shard, rows)  # [m, r] from every rank's [m_i, r]
         out.append(LowRankUpdate(u.name, u.c, left, u.right))
     return out

@@ -1,4 +1,4 @@
-"""Tiny Qwen2-architecture policies built locally, and loading of real ones.
+"""Tiny policies built locally (Qwen2 by default, any family in :mod:`~logra_lightning.architectures`), and loading of real ones.
 
 Nothing here downloads: :func:`build_tiny_model` writes a normal Hugging Face
 directory (``config.json``, ``model.safetensors``, ``tokenizer.json``) that both
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 # Printable ASCII covers the arithmetic task and simple user JSONL data.
@@ -34,7 +34,7 @@ CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
 
 @dataclass
 class TinyModelConfig:
-    """Architecture of a tiny Qwen2 model. Head dim is 64 because vLLM rejects 16."""
+    """Sizes of a tiny model of family ``architecture``. Head dim is 64 because vLLM rejects 16."""
 
     hidden_size: int = 128
     num_layers: int = 4
@@ -45,6 +45,7 @@ class TinyModelConfig:
     vocab_size: int = 128  # >= len(char vocab); rounded up for tidy shapes
     tie_word_embeddings: bool = False
     seed: int = 0
+    architecture: str = "qwen2"  # a key of logra_lightning.architectures.ARCHITECTURES
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -66,27 +67,21 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
 
 
-def tiny_qwen2_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.hidden_size // cfg.num_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
+def tiny_qwen2_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast):
+    """The transformers config of ``cfg`` (any family; the name is kept from when there was one)."""
+    from logra_lightning.architectures import tiny_hf_config
+
+    return tiny_hf_config(
+        cfg.architecture, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads, max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        rope_theta=10000.0,
-        torch_dtype="float32",
-    )
+    )  # fmt: skip
 
 
 def build_tiny_model(path: str | Path, cfg: TinyModelConfig | None = None) -> str:
-    """Create a randomly initialised tiny Qwen2 + char tokenizer at ``path``; return the path."""
+    """Create a randomly initialised tiny model (``cfg.architecture``) + char tokenizer at ``path``; return the path."""
     cfg = cfg or TinyModelConfig()
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ Example::
 
     >>> from logra_lightning.warmup import BUILTIN_MODELS
     >>> sorted(BUILTIN_MODELS)
-    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-raw']
+    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw']
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -80,6 +80,11 @@ BUILTIN_MODELS: dict[str, WarmupConfig] = {
     "arithmetic-tiny": WarmupConfig(steps=800, format_noise=(0.9, 0.1), model=ARITHMETIC_TINY),
     "arithmetic-tiny-clean": WarmupConfig(model=ARITHMETIC_TINY),
     "arithmetic-tiny-raw": WarmupConfig(steps=0),
+    # The same demo on other families (configs/arithmetic_tiny_{llama,gemma3}.yaml): same sizes and warm-up.
+    "arithmetic-tiny-llama": WarmupConfig(steps=800, format_noise=(0.9, 0.1),
+                                          model=replace(ARITHMETIC_TINY, architecture="llama")),
+    "arithmetic-tiny-gemma3": WarmupConfig(steps=800, format_noise=(0.9, 0.1),
+                                           model=replace(ARITHMETIC_TINY, architecture="gemma3", tie_word_embeddings=True)),
 }
 
 

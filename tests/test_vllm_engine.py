@@ -1,9 +1,9 @@
 """Tests of the vLLM rollout engine and its low-rank weight sync, with a real vLLM (CPU build here).
 
 One engine (tiny Qwen2, fp32) is started per module and shared; every test that changes
-its weights starts with a full sync. The pure name/offset functions of the worker are
-tested without vLLM; the in-place offsets are also checked against vLLM's own weight
-loaders under a faked tensor-parallel group.
+its weights starts with a full sync. The worker's tracing of where vLLM puts a tensor and
+its in-place update through vLLM's own weight loaders are also checked on bare vLLM
+layers under a faked tensor-parallel group. Every architecture: ``tests/test_architectures.py``.
 
 Run: ``.venv/bin/python -m pytest tests/test_vllm_engine.py -q`` (about 1-2 min on 2 cores).
 """
@@ -28,19 +28,7 @@ from logra_lightning.models import TinyModelConfig, build_tiny_model, load_polic
 from logra_lightning.optim import LoGRA
 from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
 from logra_lightning.rollout.vllm import VLLMEngineSpec, import_vllm
-from logra_lightning.rollout.vllm_worker import (
-    ShardPlan,
-    apply_lowrank_,
-    column_plan,
-    map_hf_name,
-    merged_plan,
-    pack_payload,
-    qkv_plan,
-    row_plan,
-    stacked_names,
-    unpack_payload,
-    vocab_plan,
-)
+from logra_lightning.rollout.vllm_worker import add_through_loader_, pack_payload, trace_targets, unpack_payload
 
 torch.set_num_threads(1)
 
@@ -66,74 +54,6 @@ def logprob_gap(rollout, model, temperature: float) -> torch.Tensor:
         for i, (ids, lp) in enumerate(zip(rollout.completion_ids, rollout.logprobs))
     ]
     return torch.cat(diffs)
-
-
-# ------------------------------------------------------------------ pure (no vLLM)
-def test_hf_names_map_to_fused_vllm_params():
-    stacked = stacked_names()
-    assert map_hf_name("model.layers.2.self_attn.q_proj.weight", stacked) == ("model.layers.2.self_attn.qkv_proj.weight", "q")
-    assert map_hf_name("model.layers.2.self_attn.v_proj.bias", stacked) == ("model.layers.2.self_attn.qkv_proj.bias", "v")
-    assert map_hf_name("model.layers.0.mlp.gate_proj.weight", stacked) == ("model.layers.0.mlp.gate_up_proj.weight", 0)
-    assert map_hf_name("model.layers.0.mlp.up_proj.weight", stacked) == ("model.layers.0.mlp.gate_up_proj.weight", 1)
-    assert map_hf_name("model.layers.0.self_attn.o_proj.weight", stacked) == ("model.layers.0.self_attn.o_proj.weight", None)
-    assert map_hf_name("lm_head.weight", stacked) == ("lm_head.weight", None)
-    custom = stacked_names({"qkv": ["wq", "wk", "wv"]})  # not vLLM's q/k/v convention: numbered shards
-    assert map_hf_name("blocks.0.wk.weight", custom) == ("blocks.0.qkv.weight", 1)
-
-
-def _fused_qkv(q, k, v, heads, kv_heads, hs, rank, size):
-    """Reference layout of vLLM's QKVParallelLinear on one rank, written independently of the plans."""
-    per, kv_rep = heads // size, max(1, size // kv_heads)
-    kv_per = max(1, kv_heads // size)
-    kv_rank = rank // kv_rep
-    return torch.cat([q[rank * per * hs : (rank + 1) * per * hs],
-                      k[kv_rank * kv_per * hs : (kv_rank + 1) * kv_per * hs],
-                      v[kv_rank * kv_per * hs : (kv_rank + 1) * kv_per * hs]])  # fmt: skip
-
-
-@pytest.mark.parametrize("heads,kv_heads,size", [(4, 4, 1), (4, 2, 2), (8, 2, 4), (4, 1, 4)])
-def test_qkv_plan_matches_reference_layout(heads, kv_heads, size):
-    hs, hidden, r = 8, 16, 3
-    g = torch.Generator().manual_seed(0)
-    w = {s: torch.randn(n * hs, hidden, generator=g) for s, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))}
-    for rank in range(size):
-        local = _fused_qkv(w["q"], w["k"], w["v"], heads, kv_heads, hs, rank, size)
-        new = dict(w)
-        for s in "qkv":
-            left, right = torch.randn(w[s].shape[0], r, generator=g), torch.randn(r, hidden, generator=g)
-            apply_lowrank_(local, qkv_plan(s, heads, kv_heads, hs, hidden, rank, size), 0.9, left, right)
-            new[s] = 0.9 * w[s] + left @ right
-        torch.testing.assert_close(local, _fused_qkv(new["q"], new["k"], new["v"], heads, kv_heads, hs, rank, size))
-
-
-def test_merged_row_column_and_vocab_plans():
-    g = torch.Generator().manual_seed(1)
-    gate, up = torch.randn(12, 6, generator=g), torch.randn(12, 6, generator=g)
-    left, right = torch.randn(12, 2, generator=g), torch.randn(2, 6, generator=g)
-    for rank in range(2):
-        local = torch.cat([gate[rank * 6 : rank * 6 + 6], up[rank * 6 : rank * 6 + 6]])  # gate_up on rank of 2
-        apply_lowrank_(local, merged_plan(1, [12, 12], 6, rank, 2), 1.0, left, right)
-        torch.testing.assert_close(local[6:], (up + left @ right)[rank * 6 : rank * 6 + 6])
-        torch.testing.assert_close(local[:6], gate[rank * 6 : rank * 6 + 6])
-    down, l2, r2 = torch.randn(6, 12, generator=g), torch.randn(6, 2, generator=g), torch.randn(2, 12, generator=g)
-    for rank in range(2):  # row-parallel: this rank holds input columns [rank*6, rank*6+6)
-        local = down[:, rank * 6 : rank * 6 + 6].clone()
-        apply_lowrank_(local, row_plan(6, 12, rank, 2), 0.5, l2, r2)
-        torch.testing.assert_close(local, (0.5 * down + l2 @ r2)[:, rank * 6 : rank * 6 + 6])
-    out = torch.randn(8, 4, generator=g)
-    local = out[4:].clone()
-    l3, r3 = torch.randn(8, 1, generator=g), torch.randn(1, 4, generator=g)
-    apply_lowrank_(local, column_plan(8, 4, 1, 2), 1.0, l3, r3)
-    torch.testing.assert_close(local, (out + l3 @ r3)[4:])
-    emb = torch.zeros(8, 4)  # vocab shard [5, 10) stored in a padded table of 8 rows
-    l4, r4 = torch.randn(10, 1, generator=g), torch.randn(1, 4, generator=g)
-    apply_lowrank_(emb, vocab_plan(5, 10, 4), 1.0, l4, r4)
-    torch.testing.assert_close(emb[:5], (l4 @ r4)[5:10])
-    assert emb[5:].abs().sum() == 0
-    with pytest.raises(ValueError, match="does not fit"):
-        apply_lowrank_(torch.zeros(0), ShardPlan(0, slice(0, 4), slice(0, 4)), 1.0, torch.ones(4, 1), torch.ones(1, 4))
-    with pytest.raises(ValueError, match="Invalid qkv shard: 'x'"):
-        qkv_plan("x", 2, 2, 4, 8)
 
 
 def test_payload_round_trip():
@@ -181,49 +101,80 @@ def fake_tp(rank: int, size: int):
         yield
 
 
+class _Layers(torch.nn.Module):
+    """Bare vLLM layers with a Llama-style ``load_weights`` (HF name -> fused param + shard)."""
+
+    STACKED = {"q_proj": ("qkv", "q"), "k_proj": ("qkv", "k"), "v_proj": ("qkv", "v"), "gate_proj": ("gate_up", 0),
+               "up_proj": ("gate_up", 1)}  # fmt: skip
+
+    def __init__(self, hidden, hs, heads, kv_heads, inter, vocab):
+        from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+        super().__init__()
+        self.qkv = QKVParallelLinear(hidden, hs, heads, kv_heads, bias=False)
+        self.gate_up = MergedColumnParallelLinear(hidden, [inter, inter], bias=False)
+        self.down = RowParallelLinear(inter, hidden, bias=False)
+        self.emb = VocabParallelEmbedding(vocab, hidden)
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            module = name.split(".")[0]
+            if module in self.STACKED:
+                fused, shard = self.STACKED[module]
+                p = getattr(self, fused).weight
+                p.weight_loader(p, t, shard)
+            elif module == "qkv_proj":  # already fused in the checkpoint (Phi-3)
+                self.qkv.weight.weight_loader(self.qkv.weight, t)
+            else:
+                p = getattr(self, module).weight
+                p.weight_loader(p, t)
+
+
 @pytest.mark.parametrize("size,kv_heads", [(1, 2), (2, 2), (4, 2)])
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
-def test_inplace_plans_match_vllm_weight_loaders(size, kv_heads):
-    """Load HF tensors with vLLM's loaders, update in place by plan, compare with loading the updated tensors."""
-    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-    from logra_lightning.rollout.vllm_worker import LowRankWorkerExtension
-
+def test_inplace_updates_through_vllm_loaders_match_loading_the_updated_tensors(size, kv_heads):
+    """Trace names to params, update in place through the loaders, compare with loading the updated tensors."""
     hidden, hs, heads, inter, vocab, r = 32, 8, 4, 48, 100, 3
     g = torch.Generator().manual_seed(size)
     hf = {
-        "q": torch.randn(heads * hs, hidden, generator=g), "k": torch.randn(kv_heads * hs, hidden, generator=g),
-        "v": torch.randn(kv_heads * hs, hidden, generator=g), 0: torch.randn(inter, hidden, generator=g),
-        1: torch.randn(inter, hidden, generator=g), "down": torch.randn(hidden, inter, generator=g),
-        "emb": torch.randn(vocab, hidden, generator=g),
+        "q_proj.weight": torch.randn(heads * hs, hidden, generator=g),
+        "k_proj.weight": torch.randn(kv_heads * hs, hidden, generator=g),
+        "v_proj.weight": torch.randn(kv_heads * hs, hidden, generator=g),
+        "gate_proj.weight": torch.randn(inter, hidden, generator=g),
+        "up_proj.weight": torch.randn(inter, hidden, generator=g),
+        "down.weight": torch.randn(hidden, inter, generator=g), "emb.weight": torch.randn(vocab, hidden, generator=g),
     }  # fmt: skip
     ups = {k: (torch.randn(w.shape[0], r, generator=g), torch.randn(r, w.shape[1], generator=g)) for k, w in hf.items()}
     new = {k: 0.97 * w + ups[k][0] @ ups[k][1] for k, w in hf.items()}
-
-    def build(rank, tensors):
-        qkv = QKVParallelLinear(hidden, hs, heads, kv_heads, bias=False)
-        gate_up = MergedColumnParallelLinear(hidden, [inter, inter], bias=False)
-        down = RowParallelLinear(inter, hidden, bias=False)
-        emb = VocabParallelEmbedding(vocab, hidden)
-        for s in "qkv":
-            qkv.weight_loader(qkv.weight, tensors[s], s)
-        for s in (0, 1):
-            gate_up.weight_loader(gate_up.weight, tensors[s], s)
-        down.weight_loader(down.weight, tensors["down"])
-        emb.weight_loader(emb.weight, tensors["emb"])
-        return {"q": qkv, "k": qkv, "v": qkv, 0: gate_up, 1: gate_up, "down": down, "emb": emb}
+    fused = {"qkv_proj.weight": torch.cat([hf[f"{s}_proj.weight"] for s in "qkv"])}
+    fused_up = torch.randn(fused["qkv_proj.weight"].shape[0], r, generator=g), ups["q_proj.weight"][1]
 
     for rank in range(size):
         with fake_tp(rank, size):
-            layers, expected = build(rank, hf), build(rank, new)
-        for key, layer in layers.items():
-            shard = key if key in ("q", "k", "v", 0, 1) else None
-            plan = LowRankWorkerExtension._logra_plan(layer, shard, *hf[key].shape)
-            apply_lowrank_(layer.weight.data, plan, 0.97, *ups[key])
-        for key in ("q", 0, "down", "emb"):
-            torch.testing.assert_close(layers[key].weight, expected[key].weight, msg=lambda m: f"{key} rank {rank}: {m}")
+            layers, expected = _Layers(hidden, hs, heads, kv_heads, inter, vocab), _Layers(hidden, hs, heads, kv_heads, inter, vocab)
+        layers.load_weights(hf.items())
+        expected.load_weights(new.items())
+        before = {n: p.detach().clone() for n, p in layers.named_parameters()}
+        targets = trace_targets(layers, [(k, tuple(w.shape)) for k, w in {**hf, **fused}.items()])
+        assert targets["k_proj.weight"] == [("qkv", "weight")] and targets["qkv_proj.weight"] == [("qkv", "weight")]
+        assert targets["emb.weight"] == [("emb", "weight")]
+        assert all(torch.equal(p, before[n]) for n, p in layers.named_parameters()), "tracing changed a weight"
+        for name, (left, right) in ups.items():
+            params = [getattr(getattr(layers, m), a) for m, a in targets[name]]
+            add_through_loader_(params, lambda t, name=name: layers.load_weights([(name, t)]), 0.97, left @ right)
+        for m in ("qkv", "gate_up", "down", "emb"):
+            torch.testing.assert_close(getattr(layers, m).weight, getattr(expected, m).weight,
+                                       msg=lambda msg: f"{m} rank {rank}: {msg}")  # fmt: skip
+        # an already-fused HF tensor (Phi-3's qkv_proj) lands on all three shards
+        expected.load_weights([("qkv_proj.weight", 0.5 * torch.cat([new[f"{s}_proj.weight"] for s in "qkv"])
+                                + fused_up[0] @ fused_up[1])])  # fmt: skip
+        params = [layers.qkv.weight]
+        add_through_loader_(params, lambda t: layers.load_weights([("qkv_proj.weight", t)]), 0.5, fused_up[0] @ fused_up[1])
+        torch.testing.assert_close(layers.qkv.weight, expected.qkv.weight)
+    with pytest.raises(ValueError, match="wrote nothing"):
+        add_through_loader_([layers.down.weight], lambda t: None, 1.0, torch.ones(hidden, inter))
 
 
 # ---------------------------------------------------------------- a real engine
@@ -345,6 +296,18 @@ def test_worker_errors_surface_and_leave_weights_untouched(engine_env):
         eng.apply_lowrank_updates(wrong)
     out = eng.generate(_prompts(tok), n=2, sampling=SamplingConfig(max_new_tokens=8, seed=1))
     assert logprob_gap(out, env.policy, temperature=1.0).max() < 1e-4  # nothing of the bad payloads applied
+
+
+@pytest.mark.vllm
+def test_parameters_vllm_would_not_load_are_named_at_start_up(engine_env):
+    """What the engine checks at start-up: every trainer name (and shape) must land in a vLLM parameter."""
+    eng = engine_env.engine
+    expected = [("model.layers.0.self_attn.q_proj.weight", (128, 128)), ("model.layers.0.mlp.nope.weight", (4, 4)),
+                ("model.norm.weight", (7,))]  # fmt: skip
+    info = eng._rpc("logra_init", "auto", expected)[0]
+    assert info["unplaced"] == [["model.layers.0.mlp.nope.weight", [4, 4]], ["model.norm.weight", [7]]]
+    assert info["model_class"] == "Qwen2ForCausalLM"
+    eng.init_info = eng._rpc("logra_init", "auto", None)[0]  # back to the engine's own state
 
 
 @pytest.mark.vllm

@@ -3,10 +3,13 @@
 Two entry points share one eligibility rule:
 
 * :func:`logra_param_groups` (module-aware): the weights of ``nn.Linear`` and
-  ``nn.Embedding`` modules, plus any param whose name matches ``include``,
-  minus names matching ``exclude``.
+  ``nn.Embedding`` modules, the 3-D weights of fused-expert modules (transformers'
+  MoE ``experts.gate_up_proj`` ``[E, 2I, H]`` / ``experts.down_proj`` ``[E, H, I]``),
+  plus any param whose name matches ``include``, minus names matching ``exclude``.
+  A MoE router (``mlp.gate``, ``[E, H]``, not an ``nn.Linear`` in transformers 5) stays
+  dense in both (:data:`ROUTER_PATTERNS`): it is small and its logits decide the routing.
 * :func:`split_named_params` (names + shapes only, what ``LoGRA(named_params, rank=8)``
-  uses): every 2-D param, plus ``include``, minus ``exclude``.
+  uses): every 2-D param and 3-D expert weight, plus ``include``, minus ``exclude``.
 
 On an HF causal LM the two select the same set (all 2-D params there are
 Linear or Embedding weights).
@@ -18,7 +21,9 @@ its rank-64 right sketch costs ~25 MB. Input embeddings are forced to a
 *right* sketch (``S = G @ Q``, ``Q`` is ``[hidden, r]``): rows of tokens absent
 from the batch have zero sketch rows, so, as with Adam, the step only moves
 rows with gradient or momentum; a left sketch would mix rows across the
-vocabulary. Pass ``exclude=("embed_tokens", "lm_head")`` for dense ones.
+vocabulary. Pass ``exclude=("embed_tokens", "lm_head")`` for dense ones. Expert weights get a right
+sketch too (:class:`~logra_lightning.optim.LoGRA`, choice 7): per-expert moments, one
+shared input-space basis.
 
 Example::
 
@@ -50,16 +55,31 @@ def is_embedding_name(name: str) -> bool:
     return _matches(name, EMBEDDING_PATTERNS)
 
 
+#: Names of 3-D fused-expert weights, matched with ``re.search``.
+EXPERT_PATTERNS: tuple[str, ...] = (r"experts\.(gate_up_proj|down_proj|gate_proj|up_proj)$",)
+
+
+#: MoE routers (``[E, H]``), kept dense by both entry points, matched with ``re.search``.
+ROUTER_PATTERNS: tuple[str, ...] = (r"mlp\.gate\.weight$", r"block_sparse_moe\.gate\.weight$")
+
+
+def is_expert_weight(name: str, param: torch.Tensor) -> bool:
+    """True for a 3-D fused-expert weight ``[E, m, n]`` (see :data:`EXPERT_PATTERNS`)."""
+    return param.ndim == 3 and _matches(name, EXPERT_PATTERNS)
+
+
 def is_eligible(name: str, param: torch.Tensor, include=None, exclude=None) -> bool:
-    """The name+shape rule: 2-D, and (no ``include`` or matches it), and not matching ``exclude``."""
-    if param.ndim != 2 or _matches(name, exclude):
+    """The name+shape rule: 2-D or a 3-D expert weight, (no ``include`` or matches it), not matching ``exclude``."""
+    if not (param.ndim == 2 or is_expert_weight(name, param)) or _matches(name, exclude):
+        return False
+    if _matches(name, ROUTER_PATTERNS) and not _matches(name, include):
         return False
     return include is None or _matches(name, include)
 
 
 def _build_groups(lowrank, dense, rank, lowrank_kwargs, emb_ids=frozenset()) -> list[dict[str, Any]]:
     groups = []
-    is_emb = [is_embedding_name(n) or id(p) in emb_ids for n, p in lowrank]
+    is_emb = [is_embedding_name(n) or id(p) in emb_ids or p.ndim == 3 for n, p in lowrank]  # right sketch
     emb = [np for np, e in zip(lowrank, is_emb) if e]
     rest = [np for np, e in zip(lowrank, is_emb) if not e]
     for members, extra in ((rest, {}), (emb, {"side": "right"})):
@@ -110,8 +130,8 @@ def logra_param_groups(
         **lowrank_kwargs: other per-group keys (``scale``, ``side``, ``refresh``, ``oversample``).
 
     Returns:
-        Up to three groups: low-rank matrices, low-rank input embeddings (``side="right"``),
-        and one dense group (no ``rank`` key: dense AdamW). Every group has ``param_names``.
+        Up to three groups: low-rank matrices, low-rank input embeddings and expert
+        weights (``side="right"``), and one dense group (no ``rank`` key: dense AdamW). Every group has ``param_names``.
 
     Example::
 
@@ -129,7 +149,8 @@ def logra_param_groups(
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        chosen = p.ndim == 2 and (id(p) in by_type or _matches(name, include)) and not _matches(name, exclude)
+        eligible = (p.ndim == 2 and (id(p) in by_type or _matches(name, include))) or is_expert_weight(name, p)
+        chosen = eligible and not _matches(name, exclude)
         (lowrank if chosen else dense).append((name, p))
     return _build_groups(lowrank, dense, rank, {"update_proj_gap": update_proj_gap, **lowrank_kwargs}, emb_ids)
 

@@ -55,6 +55,13 @@ Choices and departures (numbered, as promised by the house style):
    (``tests/test_fsdp_lightning.py``). ``refresh="svd"``
    gathers the full gradient. ``update_max_abs`` and recorded factors are local:
    the left factor holds this rank's rows (see :meth:`LoGRA.row_shard`).
+7. **3-D expert weights** (transformers' fused MoE experts, ``[E, m, n]``) are one
+   ``[E*m, n]`` matrix with a right sketch by default: one input-space basis
+   ``Q [n, r]`` shared by the experts, moments ``[E*m, r]`` per expert row, so each
+   expert's update ``U_e @ Q.T`` has rank <= r of its own, and experts the router did
+   not pick have zero sketch rows (like Adam, they move only by momentum), as with
+   embeddings. A left sketch would give all experts together one rank-r update.
+   Under FSDP2 (sharded by experts) the number of experts must divide by the group size.
 
 Example::
 
@@ -92,6 +99,21 @@ def resolve_side(side: str, shape: torch.Size) -> str:
         return side
     m, n = shape
     return "right" if m <= n else "left"
+
+
+def _mshape(p: torch.Tensor) -> torch.Size:
+    """The matrix LoGRA sees: a 3-D expert weight ``[E, m, n]`` is one ``[E*m, n]`` matrix (choice 7)."""
+    return torch.Size((math.prod(p.shape[:-1]), p.shape[-1])) if p.ndim > 2 else p.shape
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as :func:`_mshape` (a view: in-place changes reach the parameter)."""
+    return t.view(-1, t.shape[-1]) if t.ndim > 2 else t
+
+
+def _side(group: dict, p: torch.Tensor) -> str:
+    """The sketched side of ``p``: a 3-D expert weight defaults to right (per-expert moments; choice 7)."""
+    return "right" if p.ndim > 2 and group["side"] == "auto" else resolve_side(group["side"], _mshape(p))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -250,17 +272,21 @@ class LoGRA(torch.optim.Optimizer):
             self._group_of[id(p)] = group
             if not lowrank:
                 continue
-            if p.ndim != 2:
-                raise ValueError(f"Low-rank param {name!r} has shape {tuple(p.shape)}; only 2-D params can be low-rank")
-            rank, side = group["rank"], resolve_side(group["side"], p.shape)
-            if rank > min(p.shape):
+            if p.ndim not in (2, 3):
                 raise ValueError(
-                    f"rank={rank} is larger than min(m, n)={min(p.shape)} of {name!r} with shape "
-                    f"{tuple(p.shape)} (allowed: 1 <= rank <= {min(p.shape)})"
+                    f"Low-rank param {name!r} has shape {tuple(p.shape)}; only 2-D (and 3-D expert) params can be low-rank"
                 )
-            if rank > (p.shape[1] if side == "right" else p.shape[0]):
+            rank, side = group["rank"], _side(group, p)
+            if rank > min(_mshape(p)):
+                raise ValueError(
+                    f"rank={rank} is larger than min(m, n)={min(_mshape(p))} of {name!r} with shape "
+                    f"{tuple(p.shape)} (allowed: 1 <= rank <= {min(_mshape(p))})"
+                )
+            if rank > (_mshape(p)[1] if side == "right" else _mshape(p)[0]):
                 raise ValueError(f"rank={rank} exceeds the {side} dimension of {name!r} with shape {tuple(p.shape)}")
             shard = sh.row_shard(p, name)
+            if shard is not None and p.ndim > 2:
+                shard = sh.flatten_rows(shard, tuple(p.shape), name)  # experts' rows of the [E*m, n] matrix
             if shard is not None:
                 self._shards[id(p)] = shard
             self._init_lowrank_state(p, rank, side)
@@ -268,7 +294,7 @@ class LoGRA(torch.optim.Optimizer):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._sketch_hook))
 
     def _init_lowrank_state(self, p: torch.Tensor, rank: int, side: str) -> None:
-        m, n = p.shape  # global shape, also for a row-sharded DTensor
+        m, n = _mshape(p)  # global shape, also for a row-sharded DTensor
         shard = self._shards.get(id(p))
         seed = sk.mix_seed(self.seed, self._param_index[id(p)])
         dim = n if side == "right" else m
@@ -293,24 +319,24 @@ class LoGRA(torch.optim.Optimizer):
     def _basis_rows(self, p: torch.Tensor, side: str) -> slice:
         """Rows of the basis a sharded matrix keeps here: W's rows (``P``, left) or a chunk of W's columns (``Q``)."""
         shard = self._shards[id(p)]
-        return slice(shard.start, shard.stop) if side == "left" else shard.chunk(p.shape[1])
+        return slice(shard.start, shard.stop) if side == "left" else shard.chunk(_mshape(p)[1])
 
     def _full_basis(self, p: torch.Tensor, side: str) -> torch.Tensor:
         """The basis as the matmuls need it: ``Q`` gathered for a sharded right sketch, else the stored one."""
         shard = self._shards.get(id(p))
         if shard is None or side == "left":
             return self.state[p]["basis"]  # [n, r] | [m_i, r]
-        return sh.gather_chunks(self.state[p]["basis"], shard, p.shape[1])  # [n, r]
+        return sh.gather_chunks(self.state[p]["basis"], shard, _mshape(p)[1])  # [n, r]
 
     # -------------------------------------------------------------- sketching
     def _refresh_due(self, group: dict, st: dict, p: torch.Tensor) -> bool:
-        side = resolve_side(group["side"], p.shape)
-        fixed = group["rank"] == p.shape[1 if side == "right" else 0]  # full rank: identity basis, nothing to pick
+        side = _side(group, p)
+        fixed = group["rank"] == _mshape(p)[1 if side == "right" else 0]  # full rank: identity basis, nothing to pick
         return not fixed and int(st["step"]) % group["update_proj_gap"] == 0
 
     def _omega(self, st: dict, group: dict, p: torch.Tensor, side: str) -> torch.Tensor:
         k = group["rank"] + group["oversample"]
-        rows, cols = sk.range_test_matrix_shape(tuple(p.shape), k, side)
+        rows, cols = sk.range_test_matrix_shape(tuple(_mshape(p)), k, side)
         omega = sk.gaussian(rows, cols, sk.mix_seed(int(st["seed"]), int(st["step"]), 1), device=p.device)
         shard = self._shards.get(id(p))
         if shard is not None and side == "right":
@@ -324,8 +350,8 @@ class LoGRA(torch.optim.Optimizer):
     def _accumulate(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> None:
         """Add one gradient's sketch (and range sketch on refresh steps) into the state."""
         st = self.state[p]
-        side = resolve_side(group["side"], p.shape)
-        g = _local(grad)  # [m_i, n]
+        side = _side(group, p)
+        g = _matrix(_local(grad))  # [m_i, n]
         s = sk.project(g, self._full_basis(p, side), side)  # [m_i, r] | [r, n], fp32
         if id(p) in self._sketches:
             self._sketches[id(p)].add_(s)
@@ -410,7 +436,7 @@ class LoGRA(torch.optim.Optimizer):
                     continue
                 shard = self._shards.get(id(p))
                 if shard is not None:
-                    by_group.setdefault(shard.group, []).append((p, resolve_side(group["side"], p.shape)))
+                    by_group.setdefault(shard.group, []).append((p, _side(group, p)))
                 elif not bool(torch.isfinite(self._sketches[id(p)]).all()):
                     nonfinite.add(id(p))
         for pg, members in by_group.items():
@@ -428,7 +454,7 @@ class LoGRA(torch.optim.Optimizer):
         """The refreshed basis (this rank's chunk of its rows when sharded), or ``None`` to keep the old one."""
         shard = self._shards.get(id(p))
         if group["refresh"] == "svd":
-            g = p.grad.full_tensor() if shard is not None else _local(p.grad)  # the reference mode gathers G
+            g = _matrix(p.grad.full_tensor() if shard is not None else _local(p.grad))  # the reference mode gathers G
             y = sk.exact_basis(g, group["rank"], side)
         else:
             y = st.pop("range", None)
@@ -437,7 +463,7 @@ class LoGRA(torch.optim.Optimizer):
             if shard is not None and side == "right":
                 y = sk.reduce_range_sketch(y, shard.group)  # [n, k]: sum_i G_i.T @ Omega_i
             elif shard is not None:
-                y = sh.gather_chunks(y, shard, p.shape[0])  # [m, k]: rows G_i @ Omega from every rank
+                y = sh.gather_chunks(y, shard, _mshape(p)[0])  # [m, k]: rows G_i @ Omega from every rank
         if not bool(torch.isfinite(y).all()):
             self.skipped_refreshes += 1
             self._warn_once("nan_refresh", "LoGRA: non-finite range sketch; keeping the old basis")
@@ -449,7 +475,7 @@ class LoGRA(torch.optim.Optimizer):
 
     def _prepare_lowrank(self, p, group, beta1, beta2, nonfinite: set[int]) -> dict | None:
         st = self.state[p]
-        side = resolve_side(group["side"], p.shape)
+        side = _side(group, p)
         if id(p) not in self._touched:
             return None
         sketch = self._sketches.pop(id(p))  # consumed here: freed when this step's moments are updated
@@ -461,13 +487,13 @@ class LoGRA(torch.optim.Optimizer):
         next_basis = self._next_basis(p, group, st, side) if self._refresh_due(group, st, p) else None
         st["step"] += 1
         shard = self._shards.get(id(p))
-        s = sketch[:, shard.chunk(p.shape[1])] if shard is not None and side == "left" else sketch  # [r, n_j]
+        s = sketch[:, shard.chunk(_mshape(p)[1])] if shard is not None and side == "left" else sketch  # [r, n_j]
         sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], s, beta1, beta2)
         del sketch, s
         u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
         pend = {"u": u, "side": side, "scale": group["scale"], "next_basis": next_basis}
         if shard is not None and side == "left":
-            pend["u"] = sh.gather_chunks(u.T, shard, p.shape[1]).T  # [r, n] from every rank's [r, n_j]
+            pend["u"] = sh.gather_chunks(u.T, shard, _mshape(p)[1]).T  # [r, n] from every rank's [r, n_j]
         elif shard is not None:
             pend["basis"] = self._full_basis(p, side)  # [n, r], held until the update is applied
         return pend
@@ -511,7 +537,7 @@ class LoGRA(torch.optim.Optimizer):
                     basis = pend.get("basis", self.state[p]["basis"])
                     delta = sk.lowrank_delta(pend["u"], basis, pend["side"]).mul_(-lr * pend["scale"])
                 if wd:
-                    delta.add_(_local(p).float(), alpha=-lr * wd)
+                    delta.add_(_matrix(_local(p)).float() if pend["u"] is not None else _local(p).float(), alpha=-lr * wd)
                 if delta.numel():  # a rank may hold no rows of a small sharded matrix
                     best = max(best, float(delta.abs().max()))
         return best
@@ -529,6 +555,7 @@ class LoGRA(torch.optim.Optimizer):
         if pend["u"] is None:
             w.add_(self._dense_direction(p, group).to(w.dtype), alpha=-lr * coef)
             return
+        w = _matrix(w)  # [m, n]
         u, basis, side = pend["u"], pend.get("basis", self.state[p]["basis"]), pend["side"]
         alpha = -lr * pend["scale"] * coef
         if w.dtype == u.dtype:
@@ -675,7 +702,7 @@ class LoGRA(torch.optim.Optimizer):
         def shard(dim: int) -> tuple:
             return tuple(Shard(dim) if i == mesh_dim else Replicate() for i in range(len(placements)))
 
-        (m, n), r, side = p.shape, group["rank"], resolve_side(group["side"], p.shape)
+        (m, n), r, side = _mshape(p), group["rank"], _side(group, p)
         partial = "range" in st or (side == "left" and id(p) in self._sketches)
         if partial:
             raise RuntimeError(

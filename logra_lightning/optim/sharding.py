@@ -104,6 +104,26 @@ def row_shard(p: torch.Tensor, name: str = "param") -> RowShard | None:
     return RowShard(start, stop, index, world, group)
 
 
+def flatten_rows(shard: RowShard, shape: tuple[int, ...], name: str = "param") -> RowShard:
+    """The shard of a dim-0 sharded ``[E, m, n]`` tensor as rows of its ``[E*m, n]`` matrix.
+
+    Exact ``torch.chunk`` layout of the matrix rows needs ``E`` divisible by the shard group size.
+
+    Example::
+
+        >>> s = flatten_rows(RowShard(2, 4, 1, 2, None), (4, 3, 5))
+        >>> s.start, s.stop
+        (6, 12)
+    """
+    per = math.prod(shape[1:-1])
+    if shape[0] % shard.world:
+        raise NotImplementedError(
+            f"{name!r} {tuple(shape)}: LoGRA needs the experts ({shape[0]}) divisible by the FSDP2 group "
+            f"size ({shard.world}) to sketch a sharded 3-D weight; pass exclude=[...] to keep it dense"
+        )
+    return RowShard(shard.start * per, shard.stop * per, shard.index, shard.world, shard.group)
+
+
 def all_reduce_sum_(t: torch.Tensor, group: Any) -> torch.Tensor:
     """In-place sum over ``group``; the identity when ``group`` is ``None`` (a whole matrix on this rank)."""
     if group is not None and dist.get_world_size(group) > 1:

@@ -123,6 +123,7 @@ class HFEngine:
         params = dict(self.model.named_parameters())
         for u in updates:
             w = params[u.name]
+            w = w.view(-1, w.shape[-1]) if w.ndim > 2 else w  # a 3-D expert weight as its [E*m, n] matrix
             w.mul_(u.c).addmm_(u.left.to(w), u.right.to(w))
         self.load_weights(dense)
 

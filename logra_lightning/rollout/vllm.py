@@ -39,12 +39,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
+from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm_worker import pack_payload
 
 WORKER_EXTENSION = "logra_lightning.rollout.vllm_worker.LowRankWorkerExtension"
@@ -125,11 +127,15 @@ class VLLMEngine:
         cpu_threads_bind: value for ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0"`` or ``"nobind"``);
             ``None`` leaves vLLM's ``"auto"``.
         engine_kwargs: extra ``vllm.LLM`` arguments (they override the ones above).
+        policy: the trainer's model. Given, its parameter names are converted to the
+            checkpoint's (:class:`~logra_lightning.rollout.checkpoint_names.CheckpointNames`) and
+            checked at start-up against what vLLM loads; a parameter vLLM would not load is an error.
 
     Raises:
         ImportError: vLLM is not installed (says what to install).
         ValueError: an option out of range.
-        RuntimeError: vLLM could not start with these options (its message, plus what to change).
+        RuntimeError: vLLM could not start with these options (its message, plus what to change),
+            or the policy has parameters this vLLM model class would not load (named).
     """
 
     shares_weights = False
@@ -150,11 +156,13 @@ class VLLMEngine:
         chunk_mb: float = 256.0,
         cpu_threads_bind: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        policy: torch.nn.Module | None = None,
     ) -> None:
         validate_engine_options(
             dtype, max_model_len, kv_cache_space_gb, gpu_memory_utilization, tensor_parallel_size, sync_mode, chunk_mb
         )
         vllm = import_vllm()
+        self.names = CheckpointNames(policy) if policy is not None else CheckpointNames(torch.nn.Module())
         if tokenizer is None:
             from logra_lightning.models import load_tokenizer
 
@@ -198,8 +206,25 @@ class VLLMEngine:
                 "kv_cache_space_gb / gpu_memory_utilization within free memory, a head dim vLLM supports, "
                 "e.g. 64 rather than 16), or use `logra_lightning.rollout.HFEngineSpec`."
             ) from e
+        expected = None
+        if policy is not None:
+            from logra_lightning.architectures import untested_warning
+
+            arch = (getattr(getattr(policy, "config", None), "architectures", None) or [type(policy).__name__])[0]
+            if (msg := untested_warning(arch)) is not None:
+                warnings.warn(msg, stacklevel=2)
+            expected = self.names.shapes((n, tuple(p.shape)) for n, p in policy.named_parameters())
         try:
-            self.init_info = self._rpc("logra_init", sync_mode)[0]
+            self.init_info = self._rpc("logra_init", sync_mode, expected)[0]
+            unplaced = self.init_info.get("unplaced")
+            if unplaced:
+                shown = ", ".join(f"{n} {tuple(s)}" for n, s in unplaced[:5])
+                raise RuntimeError(
+                    f"vLLM's {self.init_info.get('model_class')} for {self.model_path!r} does not load "
+                    f"{len(unplaced)} of the policy's parameters ({shown}{', ...' if len(unplaced) > 5 else ''}): "
+                    "weight syncs into it would be silently wrong. Is the policy the model at this path, and is "
+                    "its architecture one vLLM names its weights for (see logra_lightning.architectures)?"
+                )
         except RuntimeError:
             self.close()  # do not leave engine processes behind
             raise
@@ -247,13 +272,14 @@ class VLLMEngine:
     # ------------------------------------------------------------- weight updates
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the named parameters (HF names) with these values (a full sync)."""
-        self._send(((None, (name, value)) for name, value in named_tensors))
+        self._send((None, d) for name, value in named_tensors for d in self.names.dense(name, value))
 
     def apply_lowrank_updates(
         self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
     ) -> None:
         """Apply ``W <- c*W + L@R`` per update (in order), then overwrite the ``dense`` params."""
-        items = [(u, None) for u in updates] + [(None, (name, value)) for name, value in dense]
+        items = [(v, None) for u in updates for v in self.names.update(u)]
+        items += [(None, d) for name, value in dense for d in self.names.dense(name, value)]
         self._send(iter(items))
 
     def _send(self, items: Iterator[tuple[LowRankUpdate | None, tuple[str, torch.Tensor] | None]]) -> None:
@@ -340,4 +366,4 @@ class VLLMEngineSpec(EngineSpec):
         )  # fmt: skip
 
     def build(self, model_path: str, policy, tokenizer) -> VLLMEngine:
-        return VLLMEngine(model_path, tokenizer, **self.options)
+        return VLLMEngine(model_path, tokenizer, policy=policy, **self.options)

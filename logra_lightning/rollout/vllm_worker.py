@@ -6,34 +6,40 @@ vLLM loads this class into every worker with
 ``llm.collective_rpc``. Payloads are safetensors bytes (:func:`pack_payload`), because
 tensors do not cross vLLM's default multiprocess engine but bytes do.
 
-Two ways to change a weight, chosen per vLLM module (DESIGN.md §4):
+Where a tensor goes is vLLM's own knowledge: at start-up every checkpoint tensor is
+fed (as a meta tensor) through the model class's ``load_weights`` with each
+parameter's weight loader replaced by a recorder (:func:`trace_targets`). That gives,
+for any architecture vLLM loads, which vLLM module(s) each HF name lands in: fused
+``qkv_proj``/``gate_up_proj`` (Llama, Qwen, Mistral, Gemma 3), already-fused HF
+tensors (Phi-3), renamed prefixes, experts fused into one 3-D weight (Qwen3-MoE).
 
-* **in place** — the module keeps its weight tensor: the HF name is mapped to the
-  fused vLLM parameter (``q/k/v_proj`` -> ``qkv_proj`` shards ``"q"/"k"/"v"``,
-  ``gate/up_proj`` -> ``gate_up_proj`` shards ``0/1``), to the shard's row offset, and
-  to this tensor-parallel rank's rows of ``L`` (column-parallel) or columns of ``R``
-  (row-parallel); then ``W_shard <- c*W_shard + L_rows @ R_cols``.
+Two ways to change a weight, chosen per vLLM module:
+
+* **in place** — plain linears and embeddings whose forward reads the ``weight``
+  the loader wrote: ``W <- c*W + L@R`` is written through that same loader
+  (:func:`add_through_loader_`), so fused shards, tensor-parallel slices and
+  padding are placed exactly as at load time.
 * **shadow + reload** — vLLM's CPU backend repacks linear weights (oneDNN) and frees
-  the originals, and the packed copy is what the GEMM reads. For such modules the
-  worker keeps a dense fp32 shadow of their HF tensors, updates the shadow, and
-  calls ``model_runner.reload_weights`` with every HF tensor of each changed module
-  (vLLM processes a module only once all its tensors are loaded). Only low-rank
-  factors cross the process boundary; the dense work stays in the worker.
+  the originals, and fused-expert layers may re-layout theirs after loading. For such
+  modules the worker keeps a dense fp32 shadow of their HF tensors, updates the
+  shadow, and calls ``model_runner.reload_weights`` with every HF tensor of each
+  changed module (vLLM processes a module only once all its tensors are loaded; for
+  a fused-expert layer that is every expert's tensors). Only low-rank factors cross
+  the process boundary; the dense work stays in the worker.
 
-The name/offset/slicing logic is in pure functions (:func:`map_hf_name`,
-:func:`qkv_plan`, :func:`merged_plan`, :func:`column_plan`, :func:`row_plan`,
-:func:`vocab_plan`, :func:`apply_lowrank_`), tested without vLLM in
-``tests/test_vllm_engine.py``. This module imports no vLLM at import time.
+This module imports no vLLM at import time; its pure parts are tested without an
+engine in ``tests/test_vllm_engine.py``.
 
 Departures and choices:
 
 1. The shadow is fp32 whatever the engine dtype, so rounding of a bf16 engine does
    not accumulate across low-rank syncs (each reload rounds the fp32 shadow once).
-2. With tensor parallelism the reload path keeps the *full* HF tensors on every rank
-   (vLLM's weight loaders slice them); the in-place path touches only local shards.
-3. HF names must match vLLM's parameter names once fused (Llama/Qwen families). Models
-   whose vLLM class renames prefixes, and pipeline parallelism, are not supported: an
-   update for a name the worker cannot place fails with that name, before anything changes.
+2. With tensor parallelism both paths keep *full* HF-shaped tensors on every rank
+   (vLLM's weight loaders slice them): the shadow, and the in-place path's ``L@R``.
+3. Names are checkpoint names (what ``save_pretrained`` writes); the engine converts
+   the trainer's names first (:mod:`~logra_lightning.rollout.checkpoint_names`).
+   Pipeline parallelism is not supported: an update for a name the worker cannot
+   place fails with that name, before anything changes.
 """
 
 from __future__ import annotations
@@ -42,15 +48,11 @@ import json
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 PAYLOAD_FORMAT = "logra-sync-v1"
-
-#: The fused layout of Llama/Qwen-style models, used when a model has no ``packed_modules_mapping``.
-DEFAULT_PACKED_MODULES = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 _MODES = ("auto", "inplace", "reload")
 
@@ -101,118 +103,101 @@ def unpack_payload(payload: bytes) -> tuple[list[tuple[str, float, torch.Tensor,
     return updates, dense
 
 
-# ------------------------------------------------------------ names and offsets
-def stacked_names(packed_modules_mapping: dict[str, list[str]] | None = None) -> dict[str, tuple[str, str | int]]:
-    """``{"q_proj": ("qkv_proj", "q"), ..., "up_proj": ("gate_up_proj", 1)}`` from a packed-modules mapping.
+# ------------------------------------------------------- where vLLM puts a tensor
+_NO_LOADER = object()
 
-    vLLM's convention: the shards of a ``qkv_proj`` made of q/k/v are ``"q"/"k"/"v"``;
-    every other fused module numbers its shards ``0, 1, ...``.
+
+def _param_owners(model: torch.nn.Module) -> dict[int, tuple[str, str]]:
+    """``id(param) -> (module name, attribute)`` for every parameter (a shared one: its first owner)."""
+    owners: dict[int, tuple[str, str]] = {}
+    for module_name, module in model.named_modules():
+        for attr, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), (module_name, attr))
+    return owners
+
+
+def _loader_slot(p: torch.Tensor) -> str:
+    """Where ``p`` keeps its loader: vLLM's ``BasevLLMParameter`` behind a property, others in ``__dict__``."""
+    return "_weight_loader" if isinstance(getattr(type(p), "weight_loader", None), property) else "weight_loader"
+
+
+@contextmanager
+def _recording_loaders(model: torch.nn.Module, calls: list) -> Iterator[None]:
+    """Replace every parameter's ``weight_loader`` by one that records ``(module, attr)`` and writes nothing."""
+    owners = _param_owners(model)
+    params = {id(p): p for p in model.parameters()}
+    saved = []
+
+    def record(*args, **kwargs):
+        param = kwargs.get("param", args[0] if args else None)
+        calls.append(owners.get(id(param), ("?", "?")))
+        return True if kwargs.get("return_success") else None
+
+    for p in params.values():
+        slot = _loader_slot(p)
+        saved.append((p, slot, p.__dict__.get(slot, _NO_LOADER)))
+        p.__dict__[slot] = record
+    try:
+        yield
+    finally:
+        for p, slot, old in saved:
+            if old is _NO_LOADER:
+                p.__dict__.pop(slot, None)
+            else:
+                p.__dict__[slot] = old
+
+
+def trace_targets(
+    model: torch.nn.Module, shapes: Iterable[tuple[str, tuple[int, ...]]]
+) -> dict[str, list[tuple[str, str]]]:
+    """HF name -> the ``(vLLM module, parameter)`` pairs vLLM's own ``model.load_weights`` writes it into.
+
+    Each name is fed, as a meta tensor of its shape, through the model's ``load_weights``
+    with every parameter's weight loader replaced by a recorder, so the mapping is
+    whatever this vLLM model class does (fused ``qkv_proj``/``gate_up_proj``, renamed
+    prefixes, experts fused into one 3-D weight) and nothing is written. A name vLLM
+    skips maps to ``[]``.
     """
-    out: dict[str, tuple[str, str | int]] = {}
-    for fused, parts in (packed_modules_mapping or DEFAULT_PACKED_MODULES).items():
-        qkv = fused == "qkv_proj" and list(parts) == ["q_proj", "k_proj", "v_proj"]
-        for i, part in enumerate(parts):
-            out[part] = (fused, "qkv"[i] if qkv else i)
+    out: dict[str, list[tuple[str, str]]] = {}
+    calls: list[tuple[str, str]] = []
+    with _recording_loaders(model, calls):
+        for name, shape in shapes:
+            calls.clear()
+            model.load_weights([(name, torch.empty(shape, device="meta"))])
+            out[name] = list(dict.fromkeys(calls))
     return out
 
 
-def map_hf_name(name: str, stacked: dict[str, tuple[str, str | int]] | None = None) -> tuple[str, str | int | None]:
-    """HF parameter name -> (vLLM parameter name, shard id or None).
-
-    Example::
-
-        >>> map_hf_name("model.layers.0.self_attn.k_proj.weight")
-        ('model.layers.0.self_attn.qkv_proj.weight', 'k')
-        >>> map_hf_name("model.layers.3.mlp.up_proj.weight")
-        ('model.layers.3.mlp.gate_up_proj.weight', 1)
-        >>> map_hf_name("model.norm.weight")
-        ('model.norm.weight', None)
-    """
-    stacked = stacked if stacked is not None else stacked_names()
-    parts = name.split(".")
-    for i in range(len(parts) - 1):  # the module component, never the trailing param name
-        if parts[i] in stacked:
-            fused, shard = stacked[parts[i]]
-            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
-    return name, None
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """Where an HF matrix ``[m, n]`` lands in this rank's (fused) weight.
-
-    Rows ``row_offset : row_offset + (out_rows.stop - out_rows.start)`` of the local
-    weight hold rows ``out_rows`` x columns ``in_cols`` of the HF matrix, so the
-    update is ``W_local[rows] <- c * W_local[rows] + left[out_rows] @ right[:, in_cols]``.
-    """
-
-    row_offset: int
-    out_rows: slice
-    in_cols: slice
-
-
-def _rank_slice(size: int, rank: int) -> slice:
-    return slice(rank * size, (rank + 1) * size)
-
-
-def qkv_plan(
-    shard: str, total_heads: int, total_kv_heads: int, head_size: int, in_features: int,
-    tp_rank: int = 0, tp_size: int = 1, v_head_size: int | None = None,
-) -> ShardPlan:  # fmt: skip
-    """Plan for ``q/k/v_proj`` inside vLLM's ``QKVParallelLinear`` (KV heads replicated when ``tp_size > kv heads``)."""
-    if shard not in ("q", "k", "v"):
-        raise ValueError(f"Invalid qkv shard: {shard!r} (allowed: 'q', 'k', 'v')")
-    v_head_size = v_head_size or head_size
-    heads = total_heads // tp_size
-    if tp_size >= total_kv_heads:
-        kv_heads, replicas = 1, tp_size // total_kv_heads
-    else:
-        kv_heads, replicas = total_kv_heads // tp_size, 1
-    q, k = heads * head_size, kv_heads * head_size
-    if shard == "q":
-        return ShardPlan(0, _rank_slice(q, tp_rank), slice(0, in_features))
-    kv_rank = tp_rank // replicas
-    if shard == "k":
-        return ShardPlan(q, _rank_slice(k, kv_rank), slice(0, in_features))
-    return ShardPlan(q + k, _rank_slice(kv_heads * v_head_size, kv_rank), slice(0, in_features))
-
-
-def merged_plan(index: int, output_sizes: list[int], in_features: int, tp_rank: int = 0, tp_size: int = 1) -> ShardPlan:
-    """Plan for shard ``index`` of a ``MergedColumnParallelLinear`` (``output_sizes`` are global)."""
-    if not 0 <= index < len(output_sizes):
-        raise ValueError(f"Invalid shard index {index} for output_sizes={output_sizes}")
-    offset = sum(output_sizes[:index]) // tp_size
-    size = output_sizes[index] // tp_size
-    return ShardPlan(offset, _rank_slice(size, tp_rank), slice(0, in_features))
-
-
-def column_plan(out_features: int, in_features: int, tp_rank: int = 0, tp_size: int = 1) -> ShardPlan:
-    """Plan for an unfused column-parallel (output-sharded) linear; ``tp_size=1`` = replicated."""
-    return ShardPlan(0, _rank_slice(out_features // tp_size, tp_rank), slice(0, in_features))
-
-
-def row_plan(out_features: int, in_features: int, tp_rank: int = 0, tp_size: int = 1) -> ShardPlan:
-    """Plan for a row-parallel (input-sharded) linear such as ``o_proj`` / ``down_proj``."""
-    return ShardPlan(0, slice(0, out_features), _rank_slice(in_features // tp_size, tp_rank))
-
-
-def vocab_plan(vocab_start: int, vocab_end: int, hidden: int) -> ShardPlan:
-    """Plan for a vocab-parallel embedding / LM head holding original-vocab rows ``[start, end)``."""
-    return ShardPlan(0, slice(vocab_start, vocab_end), slice(0, hidden))
-
-
 @torch.no_grad()
-def apply_lowrank_(weight: torch.Tensor, plan: ShardPlan, c: float, left: torch.Tensor, right: torch.Tensor) -> None:
-    """In place ``W[rows] <- c * W[rows] + left[out_rows] @ right[:, in_cols]`` (fp32 math, cast back)."""
-    l, r = left[plan.out_rows], right[:, plan.in_cols]  # [rows, r], [r, cols]
-    block = weight[plan.row_offset : plan.row_offset + l.shape[0]]  # [rows, cols]
-    if block.shape != (l.shape[0], r.shape[1]):
-        raise ValueError(
-            f"update of shape {tuple(l.shape)} @ {tuple(r.shape)} does not fit weight rows "
-            f"[{plan.row_offset}:{plan.row_offset + l.shape[0]}] of shape {tuple(weight.shape)}"
-        )
-    new = block.float().mul_(c).addmm_(l.float().to(block.device), r.float().to(block.device))
-    block.copy_(new)
+def add_through_loader_(
+    params: list[torch.Tensor], load: Callable[[torch.Tensor], object], c: float, delta: torch.Tensor
+) -> None:
+    """``W <- c*W + delta`` on exactly the entries of ``params`` that ``load(delta)`` would write.
+
+    ``load`` is vLLM's loading of one HF tensor (``model.load_weights([(name, t)])``):
+    it is run twice into fp32 zero scratch tensors swapped in for the parameters' data,
+    once with ``delta`` (where it lands: fused shard, this tensor-parallel rank's slice,
+    an expert's rows) and once with ones (which entries it owns); the real weights are
+    then changed only there, in fp32 and cast back. Raises if the loader writes nothing.
+    """
+    originals = [p.data for p in params]
+    placed: list[list[torch.Tensor]] = []  # [written values, ownership] per param
+    try:
+        for fill in (delta.float(), torch.ones(delta.shape, dtype=torch.float32, device=delta.device)):
+            for p, o in zip(params, originals):
+                p.data = torch.zeros(o.shape, dtype=torch.float32, device=o.device)
+            load(fill.to(originals[0].device))
+            placed.append([p.data for p in params])
+    finally:
+        for p, o in zip(params, originals):
+            p.data = o
+    written = 0
+    for o, d, owned in zip(originals, placed[0], placed[1]):
+        mask = owned != 0
+        written += int(mask.sum())
+        o.copy_(torch.where(mask, o.float() * c + d, o.float()).to(o.dtype))
+    if not written:
+        raise ValueError("vLLM's loader wrote nothing for this tensor")
 
 
 # --------------------------------------------------------------- the extension
@@ -259,18 +244,42 @@ def _packed_dependents(modules: dict) -> dict[str, list[str]]:
     return out
 
 
+def _repack_cpu_experts(model: torch.nn.Module, names: Iterable[str]) -> None:
+    """Re-run the CPU fused-MoE prepack on reloaded expert layers (vLLM 0.32 skips it on a weight update).
+
+    On a reload, vLLM's unquantized MoE method treats the load as a weight update and does
+    not call its experts' ``process_weights_after_loading``, which on CPU is what packs
+    ``w13``/``w2`` into the grouped-GEMM layout; the kernel would then read plain weights
+    as packed ones (measured: |logprob diff| 0.03 mean after one full sync, 1e-7 with this).
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for name in names:
+        module = model.get_submodule(name)
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(experts, "process_weights_after_loading"):
+            experts.process_weights_after_loading(module)
+
+
 class _SyncState:
     """What the extension keeps in a worker between calls."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
-        self.stacked: dict = {}
+        self.targets: dict[str, list[tuple[str, str]]] = {}  # HF name -> [(vLLM module, param attr)]
+        self.shapes: dict[str, tuple[int, ...]] = {}  # HF name -> shape in the checkpoint
         self.reload_modules: set[str] = set()  # vLLM module names updated through the shadow
-        self.shadow: dict[str, torch.Tensor] = {}  # HF name -> fp32 tensor (reload modules only)
-        self.members: dict[str, list[str]] = {}  # vLLM module name -> its HF names
+        self.shadow: dict[str, torch.Tensor] = {}  # HF name -> fp32 tensor (names feeding reload modules)
+        self.members: dict[str, list[str]] = {}  # reload module -> every HF name it loads from
         self.touched: set[str] = set()  # reload modules changed since the last commit
         self.dependents: dict[str, list[str]] = {}  # module -> modules packing a copy of its (shared) weight
         self.stale: set[str] = set()  # such dependents to re-pack at the next commit
+
+    def modules_of(self, name: str) -> list[str]:
+        return [module for module, _ in self.targets.get(name, ())]
 
 
 class LowRankWorkerExtension:
@@ -280,51 +289,65 @@ class LowRankWorkerExtension:
     """
 
     # ------------------------------------------------------------------ setup
-    def logra_init(self, mode: str = "auto") -> dict:
-        """Decide per module between in-place and shadow+reload; build the shadow from the checkpoint."""
+    def logra_init(self, mode: str = "auto", expected: list[tuple[str, tuple[int, ...]]] | None = None) -> dict:
+        """Map every checkpoint tensor to its vLLM parameters; pick in-place or shadow+reload per module.
+
+        ``expected`` (the trainer's names and shapes, in checkpoint form) are checked against
+        that map: the returned ``"unplaced"`` lists those vLLM would not load, so the engine can
+        refuse to start instead of syncing silently wrong.
+        """
         if mode not in _MODES:
             raise ValueError(f"Invalid sync mode: {mode!r} (allowed: {', '.join(map(repr, _MODES))})")
+        from vllm.model_executor.model_loader import get_model_loader
+
         model = self.model_runner.get_model()
         st = _SyncState(mode)
-        st.stacked = stacked_names(getattr(model, "packed_modules_mapping", None))
         modules = dict(model.named_modules())
         st.reload_modules = {name for name, mod in modules.items() if self._logra_needs_reload(model, mod, mode)}
         st.dependents = _packed_dependents(modules)
-        if st.reload_modules:
-            from vllm.model_executor.model_loader import get_model_loader
-
-            loader = get_model_loader(self.vllm_config.load_config)
-            for hf_name, tensor in loader.get_all_weights(self.vllm_config.model_config, model):
-                target, _ = map_hf_name(hf_name, st.stacked)
-                module = target.rpartition(".")[0]
+        loader = get_model_loader(self.vllm_config.load_config)
+        weights = list(loader.get_all_weights(self.vllm_config.model_config, model))
+        st.shapes = {name: tuple(t.shape) for name, t in weights}
+        st.targets = trace_targets(model, st.shapes.items())
+        for name in st.shapes:
+            for module in st.modules_of(name):
                 if module in st.reload_modules:
-                    st.shadow[hf_name] = tensor.detach().to("cpu", torch.float32).clone()
-                    st.members.setdefault(module, []).append(hf_name)
+                    st.members.setdefault(module, []).append(name)
+        reload_names = {n for names in st.members.values() for n in names}
+        st.shadow = {n: t.detach().to("cpu", torch.float32).clone() for n, t in weights if n in reload_names}
+        del weights
         self._logra_state = st
+        unplaced = [
+            [name, list(shape)] for name, shape in (expected or ())
+            if not st.targets.get(name) or st.shapes.get(name) != tuple(shape)
+        ]  # fmt: skip
         return {
             "mode": mode,
-            "reload_modules": len(st.reload_modules & set(st.members)),
+            "reload_modules": len(st.members),
             "packed_dependents": {k: list(v) for k, v in st.dependents.items()},
             "shadow_bytes": sum(t.numel() * t.element_size() for t in st.shadow.values()),
+            "unplaced": unplaced,
+            "model_class": type(model).__name__,
         }
 
     @staticmethod
     def _logra_needs_reload(model, module, mode: str) -> bool:
-        weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor):
+        """In place only where the forward reads the plain ``weight`` the loader wrote (linears, embeddings)."""
+        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+        weights = [p for _, p in module.named_parameters(recurse=False)]
+        if not weights:
             return False
-        if mode == "reload":
-            return True
-        if mode == "inplace":
-            return False
-        if weight.numel() == 0:
+        if mode in ("reload", "inplace"):
+            return mode == "reload"
+        if any(p.numel() == 0 for p in weights):
             return True
         if hasattr(module, "cpu_linear"):  # CPU backend: the GEMM reads a packed copy, not `weight`
-            from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
             used_as_head = isinstance(module, ParallelLMHead) or getattr(model, "lm_head", None) is module
             return used_as_head or type(module).__name__ != "VocabParallelEmbedding"
-        return False
+        # Other layers with a quant method (fused experts, ...) may re-layout weights after loading.
+        return hasattr(module, "quant_method") and not isinstance(module, (LinearBase, VocabParallelEmbedding))
 
     def _logra_state_or_raise(self) -> _SyncState:
         st = getattr(self, "_logra_state", None)
@@ -333,6 +356,13 @@ class LowRankWorkerExtension:
         return st
 
     # ----------------------------------------------------------------- updates
+    @staticmethod
+    def _logra_check(st: _SyncState, name: str, shape: tuple[int, ...], what: str) -> None:
+        if not st.targets.get(name):
+            raise KeyError(f"no vLLM parameter for HF name {name!r}")
+        if tuple(shape) != st.shapes[name]:
+            raise ValueError(f"{name}: {what} do not match the weight's shape {st.shapes[name]}")
+
     def logra_update(self, payload: bytes, commit: bool = True) -> dict:
         """Apply a payload of low-rank updates and dense values; with ``commit``, reload changed modules.
 
@@ -343,69 +373,48 @@ class LowRankWorkerExtension:
         st = self._logra_state_or_raise()
         updates, dense = unpack_payload(payload)
         model = self.model_runner.get_model()
-        params = dict(model.named_parameters())
-        steps = []  # (kind, name, module name, target tensor, plan or None, c, left, right)
-        for name, c, left, right in updates:
-            target, shard = map_hf_name(name, st.stacked)
-            module_name = target.rpartition(".")[0]
+        for name, _, left, right in updates:
             if left.ndim != 2 or right.ndim != 2 or left.shape[1] != right.shape[0]:
                 raise ValueError(f"{name}: factors {tuple(left.shape)} @ {tuple(right.shape)} are not [m, r] @ [r, n]")
-            if name in st.shadow:
-                w = st.shadow[name]
-                if (left.shape[0], right.shape[1]) != tuple(w.shape):
-                    raise ValueError(
-                        f"{name}: factors {tuple(left.shape)} @ {tuple(right.shape)} do not match "
-                        f"weight {tuple(w.shape)}"
-                    )
-                steps.append(("shadow", name, module_name, w, None, c, left, right))
-            elif target in params:
-                plan = self._logra_plan(model.get_submodule(module_name), shard, left.shape[0], right.shape[1])
-                w = params[target].data
-                rows = plan.out_rows.stop - plan.out_rows.start
-                cols = plan.in_cols.stop - plan.in_cols.start
-                if plan.out_rows.stop > left.shape[0] or plan.in_cols.stop > right.shape[1] or (
-                    w.ndim != 2 or plan.row_offset + rows > w.shape[0] or cols != w.shape[1]
-                ):  # fmt: skip
-                    raise ValueError(
-                        f"{name}: factors {tuple(left.shape)} @ {tuple(right.shape)} do not fit {target} "
-                        f"of local shape {tuple(w.shape)} ({plan})"
-                    )
-                steps.append(("inplace", name, module_name, w, plan, c, left, right))
-            else:
-                raise KeyError(f"no vLLM parameter for HF name {name!r} (mapped to {target!r})")
+            what = f"factors {tuple(left.shape)} @ {tuple(right.shape)}"
+            self._logra_check(st, name, (left.shape[0], right.shape[1]), what)
         for name, value in dense:
-            if name in st.shadow and tuple(value.shape) != tuple(st.shadow[name].shape):
-                shape = tuple(st.shadow[name].shape)
-                raise ValueError(f"{name}: value of shape {tuple(value.shape)} for a weight of shape {shape}")
-            if name not in st.shadow and map_hf_name(name, st.stacked)[0] not in params:
-                raise KeyError(f"no vLLM parameter for HF name {name!r}")
-        for kind, name, module_name, w, plan, c, left, right in steps:
-            if kind == "shadow":
-                w.mul_(c).addmm_(left.float(), right.float())
-                st.touched.add(module_name)
+            self._logra_check(st, name, tuple(value.shape), f"values of shape {tuple(value.shape)}")
+        for name, c, left, right in updates:
+            if name in st.shadow:
+                st.shadow[name].mul_(c).addmm_(left.float(), right.float())
+                st.touched.update(m for m in st.modules_of(name) if m in st.reload_modules)
             else:
-                apply_lowrank_(w, plan, c, left, right)
-                st.stale.update(st.dependents.get(module_name, ()))
+                self._logra_add(model, st, name, c, left.float() @ right.float())
         inplace_dense = []
         for name, value in dense:
-            module_name = map_hf_name(name, st.stacked)[0].rpartition(".")[0]
             if name in st.shadow:
                 st.shadow[name].copy_(value.float())
-                st.touched.add(module_name)
+                st.touched.update(m for m in st.modules_of(name) if m in st.reload_modules)
             else:
                 inplace_dense.append((name, value))
-                st.stale.update(st.dependents.get(module_name, ()))
+                for m in st.modules_of(name):
+                    st.stale.update(st.dependents.get(m, ()))
         if inplace_dense:
             model.load_weights(inplace_dense)
         reloaded = self._logra_commit(st) if commit else 0
         return {"seconds": time.perf_counter() - t0, "updates": len(updates), "dense": len(dense), "reloaded": reloaded}
 
+    @staticmethod
+    def _logra_add(model, st: _SyncState, name: str, c: float, delta: torch.Tensor) -> None:
+        """In place ``W <- c*W + delta`` through vLLM's own loader for ``name`` (see :func:`add_through_loader_`)."""
+        params = [getattr(model.get_submodule(m), attr) for m, attr in st.targets[name]]
+        add_through_loader_(params, lambda t: model.load_weights([(name, t)]), c, delta)
+        for m in st.modules_of(name):
+            st.stale.update(st.dependents.get(m, ()))
+
     def _logra_commit(self, st: _SyncState) -> int:
         count = len(st.touched)
         if st.touched:
-            names = [hf for module in sorted(st.touched) for hf in st.members[module]]
+            names = list(dict.fromkeys(hf for module in sorted(st.touched) for hf in st.members[module]))
             with _quiet_reload_logs():
                 self.model_runner.reload_weights(weights_iterator=((n, st.shadow[n]) for n in names))
+            _repack_cpu_experts(self.model_runner.get_model(), st.touched)
             st.stale.update(d for module in st.touched for d in st.dependents.get(module, ()))
             st.touched.clear()
         if st.stale:
@@ -419,34 +428,6 @@ class LowRankWorkerExtension:
     def logra_commit(self) -> int:
         """Reload the modules changed by ``logra_update(..., commit=False)`` calls."""
         return self._logra_commit(self._logra_state_or_raise())
-
-    @staticmethod
-    def _logra_plan(module, shard, m: int, n: int) -> ShardPlan:
-        """The in-place plan for an HF matrix ``[m, n]`` in ``module`` (this rank's part)."""
-        from vllm.model_executor.layers.linear import (
-            MergedColumnParallelLinear,
-            QKVParallelLinear,
-            RowParallelLinear,
-        )
-        from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-        rank, size = getattr(module, "tp_rank", 0), getattr(module, "tp_size", 1)
-        if isinstance(module, QKVParallelLinear):
-            return qkv_plan(
-                shard, module.total_num_heads, module.total_num_kv_heads, module.head_size, n,
-                rank, size, getattr(module, "v_head_size", None),
-            )  # fmt: skip
-        if isinstance(module, MergedColumnParallelLinear):
-            return merged_plan(int(shard), list(module.output_sizes), n, rank, size)
-        if isinstance(module, RowParallelLinear):
-            return row_plan(m, n, rank, size)
-        if isinstance(module, VocabParallelEmbedding):
-            idx = module.shard_indices
-            return vocab_plan(idx.org_vocab_start_index, idx.org_vocab_end_index, n)
-        if shard is not None:
-            raise ValueError(f"cannot place shard {shard!r} into {type(module).__name__}")
-        # ColumnParallelLinear (output-sharded) or ReplicatedLinear (tp_size 1)
-        return column_plan(m, n, rank, size)
 
     # ------------------------------------------------------------- diagnostics
     def logra_shadow_checksum(self) -> dict[str, float]:

@@ -1,0 +1,156 @@
+"""Every supported architecture, trained and synced: LoGRA steps, low-rank syncs into vLLM, drift.
+
+For each family in :data:`logra_lightning.architectures.ARCHITECTURES` a tiny random-init
+model is built locally (2 layers, hidden 128, head dim 64, fp32), then ``steps`` RL steps
+of :class:`~logra_lightning.module.PolicyGradientModule` run on arithmetic prompts (reward: the
+share of digits in a completion, so a random-init model gets varied rewards) with
+LoGRA, a vLLM CPU engine, and :class:`~logra_lightning.callbacks.LowRankWeightSync`
+(one full sync at the start, a low-rank sync after every step). Recorded per family:
+the engine-vs-trainer |logprob| gap on every step's sampled completions (what the syncs
+keep near zero) and on fresh samples after the last sync, how far the policy moved,
+bytes per low-rank sync against a full one, and which matrices LoGRA sketched.
+
+    python benchmarks/architectures.py            # all families -> benchmarks/results/architectures.json
+    python benchmarks/architectures.py --only phi3 qwen3_moe --out /tmp/arch.json
+
+``tests/test_architectures.py`` runs :func:`run_arch` for each family (two in ``make test``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import RESULTS, load_average, machine_info, write_result  # noqa: E402
+
+TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
+PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
+
+
+def digit_share(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
+    """Reward: the share of digits in a completion (a random-init model gets varied rewards, so steps train)."""
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+@torch.no_grad()
+def sampled_gap(engine, policy, tokenizer, seed: int = 0) -> tuple[float, float]:
+    """``(mean, max)`` |engine - trainer| logprob of tokens the engine samples (T=1) from :data:`PROMPTS`."""
+    from logra_lightning.rollout import SamplingConfig
+
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    out = engine.generate(prompts, n=4, sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, seed=seed))
+    diffs = []
+    for i, ids in enumerate(out.completion_ids):
+        prompt = out.prompt_ids[i // out.n]
+        seq = torch.tensor([prompt + ids])
+        logits = policy(seq).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
+        lp = torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompt) :, None]).squeeze(-1)  # [T]
+        diffs.append((lp - torch.tensor(out.logprobs[i])).abs())
+    d = torch.cat(diffs)
+    return float(d.mean()), float(d.max())
+
+
+def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, rank: int = 8) -> dict:
+    """Build, train ``steps`` steps and sync family ``arch``; return its record (see the module notes)."""
+    import lightning as L
+
+    from logra_lightning.architectures import ARCHITECTURES
+    from logra_lightning.callbacks import LowRankWeightSync
+    from logra_lightning.data import ArithmeticSource, PromptDataModule
+    from logra_lightning.models import TinyModelConfig, build_tiny_model
+    from logra_lightning.module import PolicyGradientModule
+    from logra_lightning.optim import LoGRA
+    from logra_lightning.rollout import VLLMEngineSpec
+
+    t0 = time.perf_counter()
+    path = build_tiny_model(Path(workdir) / arch, TinyModelConfig(architecture=arch, num_layers=2,
+                                                                  tie_word_embeddings=arch in TIED))  # fmt: skip
+    gaps: list[list[float]] = []
+    record: dict = {"architecture": arch, "hf_class": ARCHITECTURES[arch].hf_class, "tied_embeddings": arch in TIED}
+
+    class Watch(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            record["start_weights"] = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
+            record["engine_init"] = {k: v for k, v in pl_module.engine.init_info.items() if k != "packed_dependents"}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            gaps.append(list(pl_module.engine_logprob_gap or (float("nan"), float("nan"))))  # nan: a skipped step
+            pl_module.engine_logprob_gap = None
+
+        def on_train_end(self, trainer, pl_module):  # the engine is still up: sample after the last sync
+            record["final_gap_mean"], record["final_gap_max"] = sampled_gap(pl_module.engine, pl_module.policy,
+                                                                            pl_module.tokenizer)  # fmt: skip
+            start = record.pop("start_weights")
+            moved = [float((p.detach() - start[n]).norm() / start[n].norm().clamp_min(1e-12))
+                     for n, p in pl_module.policy.named_parameters() if p.ndim >= 2]  # fmt: skip
+            record["relative_weight_change_max"] = max(moved)
+            opt = trainer.optimizers[0]
+            record["lowrank_params"] = sum(len(g["params"]) for g in opt.param_groups if g.get("rank"))
+            record["lowrank_3d_params"] = sum(p.ndim == 3 for g in opt.param_groups if g.get("rank") for p in g["params"])
+            record["dense_params"] = sum(len(g["params"]) for g in opt.param_groups if not g.get("rank"))
+
+    sync = LowRankWeightSync(full_sync_every=0)
+    module = PolicyGradientModule(
+        model=path, optimizer=functools.partial(LoGRA, lr=lr, rank=rank, update_proj_gap=2, weight_decay=0.01),
+        engine=VLLMEngineSpec(dtype="float32", kv_cache_space_gb=0.25, max_model_len=64, seed=0),
+        reward=digit_share, group_size=8, max_new_tokens=8, torch_threads=1,
+    )  # fmt: skip
+    source = functools.partial(ArithmeticSource, max_digits=2, ops="+", test_size=16, seed=0)
+    dm = PromptDataModule(source("train"), source("test"), batch_size=8, val_batch_size=16)
+    trainer = L.Trainer(max_steps=steps, callbacks=[sync, Watch()], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                        num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer.fit(module, dm)
+    dense_bytes = sum(p.numel() * p.element_size() for p in module.policy.parameters())
+    record.update(
+        steps=steps, full_syncs=sync.full_syncs, lowrank_syncs=sync.lowrank_syncs,
+        step_gap_mean=[g[0] for g in gaps], step_gap_max=[g[1] for g in gaps],
+        drift_max=max([g[1] for g in gaps[1:] if g[1] == g[1]] + [record["final_gap_max"]]),
+        skipped_steps=module._skipped_steps,
+        lowrank_sync_bytes=(sync.total_bytes - dense_bytes) / max(sync.lowrank_syncs, 1),
+        full_sync_bytes=dense_bytes, params=sum(p.numel() for p in module.policy.parameters()),
+        seconds=time.perf_counter() - t0,
+    )  # fmt: skip
+    record["lowrank_sync_share"] = record["lowrank_sync_bytes"] / dense_bytes
+    return record
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from logra_lightning.architectures import ARCHITECTURES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=RESULTS / "architectures.json")
+    ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench_runs" / "architectures")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    start, load = time.perf_counter(), load_average()
+    rows = []
+    for arch in args.only:
+        try:
+            rows.append({"ok": True, **run_arch(arch, args.workdir, steps=args.steps)})
+        except Exception as e:  # a failed family is a recorded row, not a missing one
+            rows.append({"architecture": arch, "ok": False, "error": f"{type(e).__name__}: {e}"})
+        print({k: rows[-1].get(k) for k in ("architecture", "ok", "drift_max", "lowrank_sync_share", "error")}, flush=True)
+    result = {
+        "command": "python benchmarks/architectures.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine_info(), "load_start": load, "load_end": load_average(),
+        "wall_seconds": time.perf_counter() - start, "drift_limit": 1e-4, "rows": rows,
+    }  # fmt: skip
+    write_result(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    torch.multiprocessing.set_start_method("spawn", force=True)
+    main()
