@@ -80,6 +80,7 @@ def predict(shape: dict[str, Any], optimizer: str, setup_kw: dict[str, Any], eng
         "params_gb": step["params"] / GB, "grads_gb": step["grads"] / GB,
         "optimizer_state_gb": step["optimizer_state"] / GB, "reserve_gb": step["reserve"] / GB,
         "engine_weights_gb": step["engine_weights"] / GB, "kv_cache_gb": step["kv_cache"] / GB,
+        "breakdown_gb": {k: v / GB for k, v in phases[result["peak_phase"]].items()},  # at the plan's peak phase
     }  # fmt: skip
 
 
@@ -100,6 +101,7 @@ def summarize_part(series: dict[str, list], kl_history: list[dict], prediction: 
     steps = _values(series, "perf/step_seconds")
     warm = steps[1:] or steps
     memory = {ph: max(_values(series, f"memory/{ph}/peak_gb")) for ph in PHASES if _values(series, f"memory/{ph}/peak_gb")}
+    reserved = {ph: max(v) for ph in PHASES if (v := _values(series, f"memory/{ph}/reserved_gb"))}  # CUDA only
     exact = {k: _values(series, f"memory/{k}")[-1] for k in ("params_gb", "grads_gb", "optimizer_state_gb")
              if _values(series, f"memory/{k}")}  # fmt: skip
     sync_bytes, sync_s = _values(series, "sync/bytes"), _values(series, "sync/seconds")
@@ -113,7 +115,7 @@ def summarize_part(series: dict[str, list], kl_history: list[dict], prediction: 
         "steps": len(kl_history), "batches": len(steps),  # optimizer steps; batches incl. skipped ones
         "seconds_per_step": {"median": statistics.median(warm) if warm else None, "first": steps[0] if steps else None,
                              "all": steps},
-        "memory_peak_gb": memory, "memory_exact_gb": exact,
+        "memory_peak_gb": memory, "memory_reserved_gb": reserved, "memory_exact_gb": exact,
         "sync": {"initial_full_sync_bytes": sync_bytes[0] if sync_bytes else None,
                  "step_bytes": sync_bytes[1:], "step_seconds": sync_s[1:],
                  "initial_full_sync_seconds": sync_s[0] if sync_s else None,
@@ -203,7 +205,9 @@ def format_summary(report: dict[str, Any]) -> str:
                      + f", {_fmt(run['seconds_per_step']['median'])} s/step (first "
                      f"{_fmt(run['seconds_per_step']['first'])} s); completions cut at max_new_tokens: "
                      + ", ".join(f"{x:.0%}" for x in run["completion_clipped_ratio"]))  # fmt: skip
+        reserved = run.get("memory_reserved_gb") or {}
         lines.append("   peak GB per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items())
+                     + (" (reserved " + ", ".join(f"{v:.2f}" for v in reserved.values()) + ")" if reserved else "")
                      + f"; whole device {_fmt(run.get('device_used_peak_gb'))}")  # fmt: skip
         lines.append(f"   plan (trainer): forward_backward {p['forward_backward_gb']:.2f} -> measured/plan "
                      f"{_fmt(r['forward_backward'], '.3f')}; optimizer {p['optimizer_gb']:.2f} -> "

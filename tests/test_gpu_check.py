@@ -198,6 +198,7 @@ def test_prediction_is_the_planner_without_the_engine_and_with_the_kl_snapshot()
     assert adamw["optimizer_gb"] == pytest.approx((trainer + step["params"]) / 1e9)  # + KL snapshot copy
     assert logra["kl_snapshot_gb"] == 0.0 and adamw["kl_snapshot_gb"] == pytest.approx(adamw["params_gb"])
     assert logra["peak_gb_with_engine"] == pytest.approx(full["logra"]["peak_bytes"] / 1e9)
+    assert logra["breakdown_gb"]["total"] == pytest.approx(logra["peak_gb_with_engine"])
     cmd = rep.plan_command("/m", kw)
     assert cmd.startswith("logra plan --model /m --gpus 1") and "--colocate-engine --rollout-batch 64" in cmd
 
@@ -215,6 +216,7 @@ def fake_series(steps: int = 3) -> dict:
         log("perf/step_seconds", i, 9.0 if i == 0 else 1.0 + i)
         for ph, gb in (("rollout", 1.0), ("forward_backward", 3.0 + i), ("optimizer", 2.0), ("weight_sync", 1.5)):
             log(f"memory/{ph}/peak_gb", i, gb)
+        log("memory/forward_backward/reserved_gb", i, 6.0)
         log("memory/params_gb", i, 2.0)
         log("memory/grads_gb", i, 0.01)
         log("memory/optimizer_state_gb", i, 0.4)
@@ -245,6 +247,7 @@ def test_summarize_part_reads_the_numbers_right():
     assert out["seconds_per_step"]["median"] == 2.5 and out["seconds_per_step"]["first"] == 9.0  # first excluded
     assert out["memory_peak_gb"] == {"rollout": 1.0, "forward_backward": 5.0, "optimizer": 2.0, "weight_sync": 1.5}
     assert out["memory_exact_gb"] == {"params_gb": 2.0, "grads_gb": 0.01, "optimizer_state_gb": 0.4}
+    assert out["memory_reserved_gb"] == {"forward_backward": 6.0}
     sync = out["sync"]
     assert sync["initial_full_sync_bytes"] == 4e6 and sync["step_bytes"] == [4e5] * 3
     assert sync["lowrank_over_dense"] == pytest.approx(0.1) and sync["initial_full_sync_seconds"] == 0.5
@@ -280,7 +283,7 @@ def test_report_schema_summary_and_json_round_trip(tmp_path):
     assert rep.check_report(json.loads(path.read_text())) == []
     text = rep.format_summary(good)
     assert "NVIDIA H200" in text and "qwen2.5-0.5b / logra: ok" in text and "2.50 s/step" in text
-    assert "measured/plan 1.250" in text and "gpu_check: all parts ran" in text
+    assert "measured/plan 1.250" in text and "gpu_check: all parts ran" in text and "(reserved 6.00)" in text
     assert "1.00e-04 -> 1.10e-04" in text
     bad = report([ok_run(), failed])
     assert not bad["ok"] and rep.check_report(bad) == []
