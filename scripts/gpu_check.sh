@@ -18,7 +18,8 @@
 # package, from the index or from GPU_CHECK_WHEELS=DIR (--no-index --find-links). Where vLLM cannot
 # be installed it says so and, unless GPU_CHECK_ENGINE=vllm, runs the same parts with the HF engine
 # (the trainer's own generate on a synced copy of the weights): memory, plan, KL and sync, no vLLM;
-# later runs reuse that install without retrying vLLM (GPU_CHECK_ENGINE=vllm retries; =hf never tries).
+# installed into .cache/gpu-venv-hf over the system's CUDA torch. Later runs reuse that install
+# without retrying vLLM (GPU_CHECK_ENGINE=vllm retries; =hf never tries).
 # That fallback needs only this package's own dependencies: on an image with CUDA torch, Lightning
 # and transformers but no index, a wheel folder with jsonargparse[signatures,omegaconf] and
 # math-verify (and their dependencies) is enough.
@@ -88,14 +89,15 @@ PIP_SRC=(--retries 1 --timeout 20)  # fail fast where the index cannot be reache
 [[ -n "${GPU_CHECK_WHEELS:-}" ]] && PIP_SRC=(--no-index --find-links "$GPU_CHECK_WHEELS" --no-build-isolation)
 find_python() {  # $1 cuda | cuda-novllm: the first interpreter that imports the stack so
     local cand
-    for cand in "${GPU_CHECK_PYTHON:-}" "$VENV/bin/python" python3; do
+    for cand in "${GPU_CHECK_PYTHON:-}" "$VENV/bin/python" "$VENV_HF/bin/python" python3; do
         if [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && imports_ok "$cand" "$1" >/dev/null 2>&1; then
             echo "$cand"; return 0
         fi
     done
     return 1
 }
-HF_MARK=$VENV/.gpu_check_hf_fallback  # left by a fallback install: later runs do not retry vLLM (delete to retry)
+VENV_HF=.cache/gpu-venv-hf  # the fallback's own venv: this package on the system's CUDA torch, no vLLM
+HF_MARK=$VENV_HF/.gpu_check_hf_fallback  # left by a fallback install: later runs do not retry vLLM (delete to retry)
 if [[ "$ENGINE" != hf ]] && PY=$(find_python cuda); then
     ENGINE=vllm
     export GPU_CHECK_INSTALL_SECONDS=0 GPU_CHECK_INSTALL_NOTE="already installed in $PY"
@@ -114,12 +116,12 @@ else
     INSTALL_TIMEOUT=${GPU_CHECK_INSTALL_TIMEOUT_S:-360}
     mkdir -p .cache
     LOG=.cache/gpu_check_install.log
-    PY=$VENV/bin/python
     t0=$(date +%s)
-    [[ -x "$PY" ]] || "$BASE" -m venv --system-site-packages "$VENV" || die "could not create $VENV"
     pip_install() { timeout --kill-after=10 "$INSTALL_TIMEOUT" "$PY" -m pip install --progress-bar off -q "${PIP_SRC[@]}" "$@" >>"$LOG" 2>&1; }
     why=""
     if [[ "$ENGINE" != hf ]]; then
+        PY=$VENV/bin/python
+        [[ -x "$PY" ]] || "$BASE" -m venv --system-site-packages "$VENV" || die "could not create $VENV"
         echo "gpu_check: installing vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION with CUDA) and this package" \
              "into $VENV with $BASE; at most ${INSTALL_TIMEOUT} s, log $LOG"
         if pip_install "vllm==$VLLM_VERSION" "torch==$TORCH_VERSION" -e . && why=$(imports_ok "$PY" cuda 2>&1); then
@@ -129,12 +131,14 @@ else
             tail -n 8 "$LOG" >&2
             [[ "$ENGINE" == auto ]] || die "vLLM could not be installed: ${why:-see $LOG} (GPU_CHECK_ENGINE=vllm)"
             echo "gpu_check: vLLM could not be installed (see above; log $LOG); falling back to the HF engine" >&2
-            NOTE="vllm==$VLLM_VERSION could not be installed (log $LOG): HF engine instead"
+            NOTE="vllm==$VLLM_VERSION could not be installed (log $LOG): HF engine instead, in $VENV_HF"
         fi
     else
         NOTE="GPU_CHECK_ENGINE=hf: no vLLM"
     fi
-    if [[ "$ENGINE" != vllm ]]; then
+    if [[ "$ENGINE" != vllm ]]; then  # a venv of its own: the vLLM attempt may have left a torch without CUDA
+        PY=$VENV_HF/bin/python
+        [[ -x "$PY" ]] || "$BASE" -m venv --system-site-packages "$VENV_HF" || die "could not create $VENV_HF"
         pip_install -e . || { tail -n 15 "$LOG" >&2; die "pip install -e . failed (log: $LOG)"; }
         why=$(imports_ok "$PY" cuda-novllm 2>&1) || die "installed, but: $why (log: $LOG)"
         ENGINE=hf
