@@ -81,7 +81,7 @@ command -v nvidia-smi >/dev/null 2>&1 \
 nvidia-smi -L >/dev/null 2>&1 || die "nvidia-smi found no usable GPU (nvidia-smi -L failed)"
 echo "gpu_check: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
 
-VENV=.cache/gpu-venv
+VENV=${GPU_CHECK_VENV:-.cache/gpu-venv}
 ENGINE=${GPU_CHECK_ENGINE:-auto}   # auto: vllm, or the HF engine where vLLM cannot be installed; vllm; hf
 PIP_SRC=(--retries 1 --timeout 20)  # fail fast where the index cannot be reached
 # GPU_CHECK_WHEELS=DIR: install from a folder of wheels, no index (and build this package with the
@@ -96,7 +96,7 @@ find_python() {  # $1 cuda | cuda-novllm: the first interpreter that imports the
     done
     return 1
 }
-VENV_HF=.cache/gpu-venv-hf  # the fallback's own venv: this package on the system's CUDA torch, no vLLM
+VENV_HF=${GPU_CHECK_VENV_HF:-.cache/gpu-venv-hf}  # the fallback's own venv: this package on the system's CUDA torch, no vLLM
 HF_MARK=$VENV_HF/.gpu_check_hf_fallback  # left by a fallback install: later runs do not retry vLLM (delete to retry)
 if [[ "$ENGINE" != hf ]] && PY=$(find_python cuda); then
     ENGINE=vllm
@@ -114,8 +114,8 @@ else
     done
     [[ -n "$BASE" ]] || die "no python >= 3.11 with the venv module (vllm $VLLM_VERSION needs >= 3.11)"
     INSTALL_TIMEOUT=${GPU_CHECK_INSTALL_TIMEOUT_S:-360}
-    mkdir -p .cache
-    LOG=.cache/gpu_check_install.log
+    LOG=$(dirname "$VENV")/gpu_check_install.log
+    mkdir -p "$(dirname "$VENV")"
     t0=$(date +%s)
     pip_install() { timeout --kill-after=10 "$INSTALL_TIMEOUT" "$PY" -m pip install --progress-bar off -q "${PIP_SRC[@]}" "$@" >>"$LOG" 2>&1; }
     why=""

@@ -71,6 +71,44 @@ def test_a_python_without_cuda_is_refused_before_anything_runs(tmp_path):
     assert f"GPU_CHECK_PYTHON={python}: torch {torch.__version__} sees no CUDA GPU" in result.stderr
 
 
+FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for python on a CUDA machine without the index: vLLM cannot be installed, the package can.
+here=$(cd "$(dirname "$0")/.." && pwd)
+case "$1" in
+  -)  [[ "$2" == cuda-novllm && -f "$here/installed" ]] && exit 0; echo "no vllm" >&2; exit 1 ;;
+  -c) exit 0 ;;
+  -m) if [[ "$2" == venv ]]; then mkdir -p "$4/bin" && cp "$0" "$4/bin/python"; exit 0; fi
+      if [[ " $* " == *" vllm=="* ]]; then echo "ERROR: No matching distribution found for vllm" >&2; exit 1; fi
+      touch "$here/installed"; exit 0 ;;
+  scripts/gpu_check.py) shift; echo "$@" > "$FAKE_ARGS"; exit 0 ;;
+esac
+exit 2
+"""
+
+
+def test_where_vllm_cannot_be_installed_it_falls_back_to_the_hf_engine(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", "#!/bin/sh\necho 'GPU 0: Fake GPU'\n"), ("python3.13", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"GPU_CHECK_DRY": "0", "GPU_CHECK_VENV": str(tmp_path / "c" / "venv"),
+           "GPU_CHECK_VENV_HF": str(tmp_path / "c" / "venv-hf"), "FAKE_ARGS": str(tmp_path / "args")}  # fmt: skip
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    first = run_script("--models", "qwen2.5-0.5b", path=path, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "vLLM could not be installed" in first.stderr and "No matching distribution found for vllm" in first.stderr
+    assert "installed in" in first.stdout and "(hf engine)" in first.stdout
+    args = (tmp_path / "args").read_text().split()
+    assert args[:3] == ["run", "--engine", "hf"] and args[-2:] == ["--models", "qwen2.5-0.5b"]
+    assert (tmp_path / "c" / "venv-hf" / ".gpu_check_hf_fallback").is_file()
+    second = run_script(path=path, env=env)  # reuses the fallback install, does not try vLLM again
+    assert second.returncode == 0 and "vLLM could not be installed" not in second.stderr
+    assert (tmp_path / "args").read_text().split()[:3] == ["run", "--engine", "hf"]
+    strict = run_script(path=path, env={**env, "GPU_CHECK_ENGINE": "vllm"})
+    assert strict.returncode == 1 and "vLLM could not be installed" in strict.stderr
+
+
 def test_summarize_without_a_file_says_how_to_call_it():
     result = run_script("--summarize")
     assert result.returncode == 1 and "usage:" in result.stderr
