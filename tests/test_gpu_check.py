@@ -75,10 +75,13 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 # Stands in for python on a CUDA machine without the index: vLLM cannot be installed, the package can.
 here=$(cd "$(dirname "$0")/.." && pwd)
 case "$1" in
-  -)  [[ "$2" == cuda-novllm && -f "$here/installed" ]] && exit 0; echo "no vllm" >&2; exit 1 ;;
+  -)  [[ -f "$here/installed" && ( "$2" == cuda-novllm || -f "$here/vllm" ) ]] && exit 0; echo "no vllm" >&2; exit 1 ;;
   -c) exit 0 ;;
   -m) if [[ "$2" == venv ]]; then mkdir -p "$4/bin" && cp "$0" "$4/bin/python"; exit 0; fi
-      if [[ " $* " == *" vllm=="* ]]; then echo "ERROR: No matching distribution found for vllm" >&2; exit 1; fi
+      if [[ " $* " == *" vllm=="* ]]; then
+          [[ -n "${FAKE_INDEX:-}" ]] || { echo "ERROR: No matching distribution found for vllm" >&2; exit 1; }
+          touch "$here/vllm"
+      fi
       touch "$here/installed"; exit 0 ;;
   scripts/gpu_check.py) shift; echo "$@" > "$FAKE_ARGS"; exit 0 ;;
 esac
@@ -107,6 +110,23 @@ def test_where_vllm_cannot_be_installed_it_falls_back_to_the_hf_engine(tmp_path)
     assert (tmp_path / "args").read_text().split()[:3] == ["run", "--engine", "hf"]
     strict = run_script(path=path, env={**env, "GPU_CHECK_ENGINE": "vllm"})
     assert strict.returncode == 1 and "vLLM could not be installed" in strict.stderr
+
+
+def test_with_the_index_it_installs_vllm_once(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", "#!/bin/sh\necho 'GPU 0: Fake GPU'\n"), ("python3.13", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"GPU_CHECK_DRY": "0", "GPU_CHECK_VENV": str(tmp_path / "c" / "venv"), "FAKE_INDEX": "1",
+           "GPU_CHECK_VENV_HF": str(tmp_path / "c" / "venv-hf"), "FAKE_ARGS": str(tmp_path / "args")}  # fmt: skip
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    first = run_script(path=path, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "installing vllm==0.32.0" in first.stdout and "(vllm engine)" in first.stdout
+    assert (tmp_path / "args").read_text().split()[:3] == ["run", "--engine", "vllm"]
+    second = run_script(path=path, env=env)
+    assert second.returncode == 0 and "installing" not in second.stdout  # already importable: no install
 
 
 def test_summarize_without_a_file_says_how_to_call_it():
