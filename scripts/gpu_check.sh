@@ -20,9 +20,12 @@
 # (the trainer's own generate on a synced copy of the weights): memory, plan, KL and sync, no vLLM;
 # installed into .cache/gpu-venv-hf over the system's CUDA torch. Later runs reuse that install
 # without retrying vLLM (GPU_CHECK_ENGINE=vllm retries; =hf never tries).
-# That fallback needs only this package's own dependencies: on an image with CUDA torch, Lightning
-# and transformers but no index, a wheel folder with jsonargparse[signatures,omegaconf] and
-# math-verify (and their dependencies) is enough.
+# That fallback needs only this package's own dependencies: on an image with CUDA torch, Lightning,
+# transformers, tensorboard, pyarrow and setuptools but no index, these pure-Python wheels are enough
+# (made where pip works, then GPU_CHECK_WHEELS=.whl):
+#   python3 -m pip download --no-deps -d .whl jsonargparse==4.53.0 docstring-parser==0.18.0 \
+#       typeshed-client==2.15.0 omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 math-verify==0.9.0 \
+#       latex2sympy2_extended==1.11.0
 # Time limits: the whole run GPU_CHECK_BUDGET_S (600; dry run 1500), the install
 # GPU_CHECK_INSTALL_TIMEOUT_S (360); each model build and each part has its own limit inside
 # gpu_check.py. Whatever runs out is killed and reported; the JSON is still written.
