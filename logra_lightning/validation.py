@@ -282,6 +282,11 @@ def check_config_file(path: str) -> None:
     if not isinstance(doc, dict):
         raise ConfigError(f"--config {path}: holds a YAML {type(doc).__name__}, not a mapping of sections "
                           "(trainer:, model:, data:)")  # fmt: skip
+    for section in ("trainer", "model", "data"):
+        value = doc.get(section)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"--config {path}: section {section}: holds a {type(value).__name__} ({value!r:.40}), not "
+                              f"a mapping; put its keys on indented lines under '{section}:'")  # fmt: skip
 
 
 def check_config_files(argv: Sequence[str]) -> None:

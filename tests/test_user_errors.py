@@ -90,6 +90,7 @@ CONFIG_FILES = [
     ("quote", 'model:\n  model: "builtin:arithmetic-tiny\n', r"quote.yaml:\d+:\d+: not valid YAML"),
     ("empty", "", r"empty.yaml: the file is empty"),
     ("list", "- trainer\n- model\n", r"list.yaml: holds a YAML list, not a mapping"),
+    ("section", "trainer: 5\nmodel: {}\n", r"section.yaml: section trainer: holds a int \(5\), not a mapping"),
     ("binary", b"\xff\xfe\x00model", r"binary.yaml:1: not UTF-8 text"),
     ("unknown_key", "model:\n  grup_size: 4\n", r"grup_size"),
     ("wrong_type", "trainer:\n  max_steps: lots\n", r"trainer.max_steps: Expected a <class 'int'>. Got value: lots"),
@@ -340,6 +341,20 @@ def test_any_broken_config_file_is_one_line(tmp_path_factory, capsys, content):
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     line = console(["fit", "--config", str(path)], capsys)  # no data.train, at least: never a valid config
     assert line.startswith("logra: error: ")
+
+
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=6))
+_TREE = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                     max_leaves=6)  # fmt: skip
+
+
+@fast(25)
+@given(st.dictionaries(st.sampled_from(["trainer", "model", "data", "seed_everything", "ckpt_path", "optimizer", "x"]),
+                       _TREE, min_size=1, max_size=4))  # fmt: skip
+def test_any_malformed_config_mapping_is_one_line(tmp_path_factory, capsys, doc):
+    path = tmp_path_factory.mktemp("cfg") / "random.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    assert console(["fit", "--config", str(path)], capsys).startswith("logra: error: ")
 
 
 BAD_VALUES = {  # key -> values that are wrong for it (type or range)
