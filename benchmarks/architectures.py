@@ -12,6 +12,7 @@ bytes per low-rank sync against a full one, and which matrices LoGRA sketched.
 
     python benchmarks/architectures.py            # all families -> benchmarks/results/architectures.json
     python benchmarks/architectures.py --only phi3 qwen3_moe --out /tmp/arch.json
+    python benchmarks/architectures.py --quick    # phi3 only, 2 steps -> results/architectures_quick.json
 
 ``tests/test_architectures.py`` runs :func:`run_arch` for each family (two in ``make test``).
 """
@@ -107,6 +108,7 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
     source = functools.partial(ArithmeticSource, max_digits=2, ops="+", test_size=16, seed=0)
     dm = PromptDataModule(source("train"), source("test"), batch_size=8, val_batch_size=16)
     trainer = L.Trainer(max_steps=steps, callbacks=[sync, Watch()], logger=False, enable_checkpointing=False,
+                        default_root_dir=str(Path(workdir) / arch),  # where the module's summary.json goes
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                         num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, dm)
@@ -132,7 +134,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", type=Path, default=RESULTS / "architectures.json")
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench_runs" / "architectures")
+    ap.add_argument("--quick", action="store_true", help="one family (phi3), 2 steps: a smoke run")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.only, args.steps = ["phi3"], 2
+        if args.out == RESULTS / "architectures.json":
+            args.out = RESULTS / "architectures_quick.json"
     torch.set_num_threads(1)
     start, load = time.perf_counter(), load_average()
     rows = []

@@ -281,13 +281,37 @@ def section_trl(res: dict) -> tuple[list[str], dict]:
     return out, {}
 
 
+def section_architectures(res: dict) -> tuple[list[str], dict]:
+    """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
+    steps = next((r["steps"] for r in res["rows"] if r.get("ok")), "?")
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}, at end "
+           f"{_load(res['load_end'])}. Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
+           f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
+           "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
+           f"low-rank syncs (limit {res['drift_limit']:g}).", ""]  # fmt: skip
+    rows = []
+    for r in res["rows"]:
+        if not r.get("ok"):
+            rows.append([r["architecture"], "failed: " + _clip(r.get("error", ""), 160)] + [""] * 6)
+            continue
+        rows.append([r["architecture"], f"`{r['hf_class']}`", "tied" if r["tied_embeddings"] else "untied",
+                     f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
+                     f"**{r['drift_max']:.1e}** ({_met(r['drift_max'] <= res['drift_limit'])})",
+                     f"{r['lowrank_sync_share']:.3f}", _num(r["relative_weight_change_max"], ".3f"),
+                     _num(r["seconds"], ".0f")])  # fmt: skip
+    out += _table(["family", "HF / vLLM class", "embeddings", "LoGRA matrices / dense params", "drift max",
+                   "low-rank sync bytes / full", "max relative weight change", "s"], rows) + [""]  # fmt: skip
+    return out, {}
+
+
 SECTIONS = [("optimizer_memory", "Optimizer memory and speed", section_optimizer_memory),
             ("optimizer_step_time", "Step time: 1 thread, rows interleaved and repeated", section_optimizer_memory),
             ("plan_vs_measured", "Memory planner vs measurement", section_plan),
             ("quality", "Quality: held-out accuracy on the arithmetic RL task", section_quality),
             ("kl_control", "KL step control at a high learning rate", section_kl),
             ("sync_cost", "Weight sync to vLLM", section_sync),
-            ("trl_grpo", "A full framework: TRL GRPOTrainer", section_trl)]  # fmt: skip
+            ("trl_grpo", "A full framework: TRL GRPOTrainer", section_trl),
+            ("architectures", "Every architecture: low-rank sync into vLLM", section_architectures)]  # fmt: skip
 
 
 def _headline(found: dict) -> list[str]:
@@ -319,6 +343,21 @@ def _headline(found: dict) -> list[str]:
                 f"({s['lowrank_sync']['seconds_median']:.2f} s vs {s['full_sync']['seconds_median']:.2f} s) "
                 "([table](#weight-sync-to-vllm))."]  # fmt: skip
     return out + (["- _No full results yet._"] if len(out) == 2 else []) + [""]
+
+
+def gpu_check_section(results: Path) -> list[str]:
+    """The GPU check's paragraph; says whether ``gpu_check.json`` (written only on a GPU machine) exists."""
+    ran = (results / "gpu_check.json").is_file()
+    out = [f"## GPU check ({'results in `results/gpu_check.json`' if ran else 'not yet run on a GPU'})", "",
+           "`scripts/gpu_check.sh` is the one-command check of the CUDA path (≤ 10 min including installs, nothing",
+           "from a hub): random-init Qwen2.5-0.5B / 1.5B / 4-layer 7B shapes, a few GRPO steps each with dense",
+           "AdamW and with LoGRA, vLLM colocated on the same GPU; peak memory per phase vs `logra plan`, s/step,",
+           "sync bytes and seconds, engine drift, predicted vs realized KL, written to",
+           "`benchmarks/results/gpu_check.json` (see `scripts/gpu_check.py`). `scripts/gpu_check.sh --dry-run`",
+           "rehearses the same path on this CPU machine."]  # fmt: skip
+    if not ran:
+        out.append("No GPU has been lent yet, so there is no such file.")
+    return out + [""]
 
 
 def build(quick: bool, results: Path, readme: Path) -> str:
@@ -354,7 +393,7 @@ def build(quick: bool, results: Path, readme: Path) -> str:
                  + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ". The machine is shared: every table gives the "
                  "load average (1/5/15 min, runnable processes on 2 cores) when it was measured; memory numbers are robust "
                  "to load, wall-clock times are not (CPU-time ratios are given beside them).", ""]  # fmt: skip
-    return "\n".join(head + body) + "\n"
+    return "\n".join(head + body + ([] if quick else gpu_check_section(results))) + "\n"
 
 
 def main(argv=None) -> Path:

@@ -25,6 +25,20 @@ NEEDS_STAND_IN = {
                                    "--data.val.init_args.path", str(DATA / "math_tiny.jsonl")],
 }  # fmt: skip
 SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run as a subprocess by tests/test_fsdp_lightning.py
+# The demo on other families: here on a 1-layer random-init model of the same family (the full
+# config, warm-up included, is measured in README); its vLLM engine is replaced like the others'.
+OTHER_FAMILY = {"arithmetic_tiny_llama.yaml": "llama", "arithmetic_tiny_gemma3.yaml": "gemma3"}
+
+
+def family_stand_in(config: str, tmp_path: Path) -> list[str]:
+    from dataclasses import replace
+
+    from logra_lightning.models import build_tiny_model
+    from logra_lightning.warmup import BUILTIN_MODELS
+
+    builtin = BUILTIN_MODELS[f"arithmetic-tiny-{OTHER_FAMILY[config]}"].model
+    path = build_tiny_model(tmp_path / "model", replace(builtin, num_layers=1))
+    return ["--model.model", path]
 
 
 def tiny_budget(tmp_path: Path) -> list[str]:
@@ -45,6 +59,8 @@ def test_config_smoke(config, tmp_path, tiny_policy_path):
     args = ["fit", "--config", str(ROOT / "configs" / config), *tiny_budget(tmp_path), *engine_override(config)]
     if config in NEEDS_STAND_IN:
         args += STAND_IN + NEEDS_STAND_IN[config]
+    if config in OTHER_FAMILY:
+        args += family_stand_in(config, tmp_path)
     cli = main(args)
     assert cli.trainer.global_step == 2
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
