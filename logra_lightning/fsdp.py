@@ -45,7 +45,7 @@ from torch import nn
 
 from logra_lightning.errors import ConfigError
 from logra_lightning.optim import sharding as sh
-from logra_lightning.rollout.base import LowRankUpdate
+from logra_lightning.sync_wire import LowRankUpdate
 
 _DP, _TP = "data_parallel", "tensor_parallel"  # ModelParallelStrategy's mesh dim names
 

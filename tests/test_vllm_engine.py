@@ -28,7 +28,8 @@ from logra_lightning.models import TinyModelConfig, build_tiny_model, load_polic
 from logra_lightning.optim import LoGRA
 from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
 from logra_lightning.rollout.vllm import VLLMEngineSpec, import_vllm
-from logra_lightning.rollout.vllm_worker import add_through_loader_, pack_payload, trace_targets, unpack_payload
+from logra_lightning.rollout.vllm_worker import add_through_loader_, trace_targets
+from logra_lightning.sync_wire import pack_payload, unpack_payload
 
 torch.set_num_threads(1)
 

@@ -35,16 +35,12 @@ from typing_extensions import override
 from logra_lightning.errors import TrainingError
 from logra_lightning.fsdp import gather_update_factors
 from logra_lightning.phases import announce_phase
-from logra_lightning.rollout.base import LowRankUpdate
+from logra_lightning.sync_wire import LowRankUpdate, tensor_nbytes
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor: gathered if ``t`` is a DTensor (FSDP2), detached either way."""
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class LowRankWeightSync(L.Callback):
@@ -145,7 +141,7 @@ class LowRankWeightSync(L.Callback):
             return
         policy = self._policy(pl_module)
         self._names = {id(p): n for n, p in policy.named_parameters()}
-        self._dense_bytes = sum(_nbytes(p) for p in policy.parameters())  # DTensor numel is the global one
+        self._dense_bytes = sum(tensor_nbytes(p) for p in policy.parameters())  # DTensor numel is the global one
         optimizers = list(trainer.optimizers)
         self._factored = [o for o in optimizers if hasattr(o, "pop_applied_updates")]
         self._lowrank = bool(optimizers) and len(self._factored) == len(optimizers)
@@ -221,7 +217,7 @@ class LowRankWeightSync(L.Callback):
         policy = self._policy(pl_module)
         named = [(n, _full(p)) for n, p in policy.named_parameters()]
         engine.load_weights(named)
-        return sum(_nbytes(t) for _, t in named)
+        return sum(tensor_nbytes(t) for _, t in named)
 
     def _send_lowrank(self, engine, updates: list) -> int:
         by_name: dict[str, str] = {}
@@ -232,7 +228,7 @@ class LowRankWeightSync(L.Callback):
             dense += [(self._names.get(id(params[n]), n), _full(params[n])) for n in opt.dense_param_names()]
         renamed = [LowRankUpdate(by_name.get(u.name, u.name), u.c, u.left, u.right) for u in updates]
         engine.apply_lowrank_updates(renamed, dense)
-        return sum(u.nbytes for u in renamed) + sum(_nbytes(t) for _, t in dense)
+        return sum(u.nbytes for u in renamed) + sum(tensor_nbytes(t) for _, t in dense)
 
     # ------------------------------------------------------------ checkpoint
     @override

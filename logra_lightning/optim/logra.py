@@ -87,7 +87,7 @@ import torch
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.groups import normalize_params, split_named_params
-from logra_lightning.rollout.base import LowRankUpdate
+from logra_lightning.sync_wire import LowRankUpdate
 
 _SIDES = ("auto", "left", "right")
 _REFRESH = ("randomized", "svd")

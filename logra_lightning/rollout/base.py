@@ -14,6 +14,8 @@ from typing import Iterable, Protocol, runtime_checkable
 
 import torch
 
+from logra_lightning.sync_wire import LowRankUpdate  # re-exported: engines take it
+
 
 @dataclass
 class Rollout:
@@ -32,23 +34,6 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.completion_ids)
-
-
-@dataclass
-class LowRankUpdate:
-    """One matrix update ``W <- c * W + left @ right`` named by its HF parameter name.
-
-    ``left`` is ``[m, r]`` and ``right`` is ``[r, n]`` for a weight of shape ``[m, n]``.
-    """
-
-    name: str
-    c: float
-    left: torch.Tensor
-    right: torch.Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return self.left.numel() * self.left.element_size() + self.right.numel() * self.right.element_size()
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import Iterable
 import torch
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.rollout.base import LowRankUpdate
+from logra_lightning.sync_wire import LowRankUpdate
 
 
 @dataclass(frozen=True)

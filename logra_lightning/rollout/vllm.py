@@ -47,7 +47,7 @@ import torch
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
-from logra_lightning.rollout.vllm_worker import pack_payload
+from logra_lightning.sync_wire import pack_payload, tensor_nbytes
 
 WORKER_EXTENSION = "logra_lightning.rollout.vllm_worker.LowRankWorkerExtension"
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -102,10 +102,6 @@ def _quiet(name: str) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(below_error)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class VLLMEngine:
@@ -294,7 +290,7 @@ class VLLMEngine:
                 size += u.nbytes
             else:
                 dense.append(d)
-                size += _nbytes(d[1])
+                size += tensor_nbytes(d[1])
             if size >= self.chunk_bytes:
                 sent += self._send_chunk(ups, dense, commit=False)
                 ups, dense, size = [], [], 0

@@ -3,7 +3,7 @@
 vLLM loads this class into every worker with
 ``LLM(worker_extension_cls="logra_lightning.rollout.vllm_worker.LowRankWorkerExtension")``;
 :class:`~logra_lightning.rollout.vllm.VLLMEngine` calls its ``logra_*`` methods through
-``llm.collective_rpc``. Payloads are safetensors bytes (:func:`pack_payload`), because
+``llm.collective_rpc``. Payloads are safetensors bytes (:func:`~logra_lightning.sync_wire.pack_payload`), because
 tensors do not cross vLLM's default multiprocess engine but bytes do.
 
 Where a tensor goes is vLLM's own knowledge: at start-up every checkpoint tensor is
@@ -44,7 +44,6 @@ Departures and choices:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from contextlib import contextmanager
@@ -52,55 +51,9 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-PAYLOAD_FORMAT = "logra-sync-v1"
+from logra_lightning.sync_wire import unpack_payload
 
 _MODES = ("auto", "inplace", "reload")
-
-
-# ------------------------------------------------------------------------ payloads
-def _plain(t: torch.Tensor, seen: set[int]) -> torch.Tensor:
-    """A contiguous CPU tensor owning its storage and sharing none with the payload (safetensors needs that)."""
-    t = t.detach().to("cpu").contiguous()
-    ptr = t.untyped_storage().data_ptr()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or ptr in seen:
-        t = t.clone()
-        ptr = t.untyped_storage().data_ptr()
-    seen.add(ptr)
-    return t
-
-
-def pack_payload(
-    updates: Iterable = (), dense: Iterable[tuple[str, torch.Tensor]] = ()
-) -> bytes:
-    """Serialize low-rank updates (objects with ``name, c, left, right``) and dense values to bytes."""
-    from safetensors.torch import save
-
-    tensors: dict[str, torch.Tensor] = {}
-    meta_updates, meta_dense = [], []
-    seen: set[int] = set()
-    for i, u in enumerate(updates):
-        tensors[f"u{i}.left"], tensors[f"u{i}.right"] = _plain(u.left, seen), _plain(u.right, seen)
-        meta_updates.append([u.name, float(u.c)])
-    for i, (name, value) in enumerate(dense):
-        tensors[f"d{i}"] = _plain(value, seen)
-        meta_dense.append(name)
-    meta = {"format": PAYLOAD_FORMAT, "updates": json.dumps(meta_updates), "dense": json.dumps(meta_dense)}
-    return save(tensors, metadata=meta)
-
-
-def unpack_payload(payload: bytes) -> tuple[list[tuple[str, float, torch.Tensor, torch.Tensor]], list]:
-    """Inverse of :func:`pack_payload`: ``([(name, c, left, right)], [(name, value)])``."""
-    from safetensors.torch import load
-
-    tensors = load(payload)
-    header_len = int.from_bytes(payload[:8], "little")
-    meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
-    if meta.get("format") != PAYLOAD_FORMAT:
-        raise ValueError(f"not a weight-sync payload (format={meta.get('format')!r}, expected {PAYLOAD_FORMAT!r})")
-    names = json.loads(meta["updates"])
-    updates = [(n, c, tensors[f"u{i}.left"], tensors[f"u{i}.right"]) for i, (n, c) in enumerate(names)]
-    dense = [(n, tensors[f"d{i}"]) for i, n in enumerate(json.loads(meta["dense"]))]
-    return updates, dense
 
 
 # ------------------------------------------------------- where vLLM puts a tensor
