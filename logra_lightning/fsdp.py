@@ -3,7 +3,7 @@ LoGRA's update factors from the shards for weight sync.
 
 :func:`shard_policy` is called from :meth:`PolicyGradientModule.configure_model` when the
 trainer runs Lightning's ``ModelParallelStrategy``; LoGRA then sees row-sharded DTensors
-(DESIGN.md §2, "Under FSDP2"; :mod:`logra_lightning.optim.sharding`). Tested in
+(docs/design.md §3; :mod:`logra_lightning.optim.sharding`). Tested in
 ``tests/test_fsdp2.py``, which shards a tiny Qwen2 with :func:`shard_policy` on 2 CPU
 processes and checks LoGRA against one process, and end to end under Lightning in
 ``tests/test_fsdp_lightning.py`` (``configs/arithmetic_fsdp.yaml``).

@@ -10,7 +10,7 @@ where ``dz_t`` is the change of the logits at token ``t`` per unit step
 ``Var_p(x) = sum_v p_v x_v^2 - (sum_v p_v x_v)^2``. These functions hold the math;
 :class:`logra_lightning.callbacks.kl_control.KLStepControl` holds the state.
 
-Departures from DESIGN.md section 3:
+Choices on top of the quadratic rule (docs/design.md §4):
 
 1. ``choose_step_scale`` divides ``K`` by a running ``calibration`` of
    realized/predicted KL, so a prediction that is consistently off (the

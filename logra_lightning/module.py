@@ -101,7 +101,7 @@ class PolicyGradientModule(L.LightningModule):
         correct_reward: reward at or above which a sample counts as correct.
         activation_checkpointing: enable HF gradient checkpointing on the policy.
         torch_threads: ``torch.set_num_threads`` at setup (``None`` leaves it). On small
-            models 1 thread was 10-25x faster than 2 on the 2-core machine (DESIGN.md §5).
+            models 1 thread was 10-25x faster than 2 on the 2-core machine (docs/design.md §7).
         kl_probe_seed: seed of the token subsample returned by ``kl_probe_logits``.
         lr_warmup_steps: ramp the learning rate linearly from 0 over this many optimizer steps.
         tis_cap: truncated importance sampling (TIS): weight each token's loss by

@@ -202,7 +202,7 @@ def resolve_model(spec: str) -> str:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: 1 thread is several times faster here (DESIGN.md §5)
+    torch.set_num_threads(1)  # tiny model: 1 thread is several times faster here (docs/design.md §7)
     try:
         summary = warm_up(tmp, cfg)
     finally:

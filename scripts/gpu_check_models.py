@@ -51,7 +51,7 @@ MODELS: dict[str, dict[str, Any]] = {
 _FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
            "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings",
            "rms_norm_eps", "rope_theta", "hidden_act")  # fmt: skip
-HEAD_DIM = 64  # vLLM's CPU backend rejects small head dims (DESIGN.md §5); real Qwen2.5 heads are 128 or 64
+HEAD_DIM = 64  # vLLM's CPU backend rejects small head dims (docs/design.md §7); real Qwen2.5 heads are 128 or 64
 
 
 def real_shape(model: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""LoGRA on FSDP2 shards equals LoGRA on one process (DESIGN.md §2, "Under FSDP2").
+"""LoGRA on FSDP2 shards equals LoGRA on one process (docs/design.md §3).
 
 Two CPU processes (gloo) shard a tiny Qwen2 with :func:`~logra_lightning.fsdp.shard_policy`
 (``fully_shard`` per decoder layer and at the root),

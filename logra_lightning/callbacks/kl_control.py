@@ -3,7 +3,7 @@
 Before the optimizer applies its candidate update Δ, :class:`KLStepControl` predicts the
 per-token ``KL(pi_old || pi_new)`` on a token subsample of the current batch from one
 finite-difference forward pass along Δ (plus one at the current weights for the base
-logits; no backward; DESIGN.md §3, math in :mod:`logra_lightning.kl`), picks
+logits; no backward; docs/design.md §4, math in :mod:`logra_lightning.kl`), picks
 ``eta = clamp(sqrt(target / (K * calibration)), min_scale, max_scale)`` and lets the
 optimizer apply ``eta * Δ``. Every ``measure_every`` steps it measures the realized KL on
 the same tokens and updates the calibration. Run the example:
@@ -42,7 +42,7 @@ Both paths cost two extra forward passes (base, probe) on ``sample_tokens`` toke
 step, plus one (realized) on measured steps; logits are held as two ``[N, V]`` tensors
 (``N=256``, ``V=152k`` in fp32: 0.3 GB), so lower ``sample_tokens`` for large vocabularies.
 
-Departures from DESIGN.md §3, and choices it leaves open:
+Choices, in more detail than docs/design.md §4:
 
 1. **Calibration rule.** On a measured step with raw prediction ``P = eta**2 * K`` and
    realized KL ``R``, ``x = log(R / P)`` enters a bias-corrected EMA (rate

@@ -5,7 +5,7 @@ the factored updates that :class:`~logra_lightning.optim.LoGRA` actually applied
 step scaling, e.g. by :class:`~logra_lightning.callbacks.kl_control.KLStepControl`) and sends
 them to ``pl_module.engine`` as ``W <- c*W + L@R``, together with the current values of the
 params LoGRA updates densely (norms, biases). That is ``r*(m+n)`` numbers per matrix
-instead of ``m*n`` (DESIGN.md §4). A full weight sync runs at the start of every fit (so
+instead of ``m*n`` (docs/design.md §5). A full weight sync runs at the start of every fit (so
 also on resume) and every ``full_sync_every`` optimizer steps, which bounds rounding drift.
 Tests: ``tests/test_weight_sync.py`` (HF engine) and ``tests/test_vllm_engine.py`` (vLLM).
 

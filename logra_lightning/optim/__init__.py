@@ -1,4 +1,4 @@
-"""LoGRA optimizer: Adam on low-rank gradient sketches (DESIGN.md §2).
+"""LoGRA optimizer: Adam on low-rank gradient sketches (docs/design.md §2).
 
 Example::
 

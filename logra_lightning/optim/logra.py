@@ -1,4 +1,4 @@
-"""LoGRA: Adam on low-rank gradient sketches, with dense AdamW for the rest (DESIGN.md §2).
+"""LoGRA: Adam on low-rank gradient sketches, with dense AdamW for the rest (docs/design.md §2).
 
 The math lives in :mod:`logra_lightning.optim.sketch`; this class holds state
 and orchestrates: backward hooks that sketch and free gradients, the two-phase

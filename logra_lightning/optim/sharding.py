@@ -6,7 +6,7 @@ rank ``i`` of the shard group holds rows ``[i*c, min((i+1)*c, m))`` with
 ``c = ceil(m / world)`` (the last ranks may hold fewer rows, or none). LoGRA keeps
 its per-row state (right-sketch moments, left-sketch basis rows) for exactly those
 rows, and draws its random matrices from the global shapes so a sharded run takes
-the same steps as a single-process one (DESIGN.md §2, "Under FSDP2").
+the same steps as a single-process one (docs/design.md §3).
 
 "Sharded" means a DTensor with a ``Shard(0)`` placement. A plain tensor, or a
 DTensor replicated on every mesh dim, is a whole matrix on this rank (as under DDP,

@@ -1,4 +1,4 @@
-"""Pure math of low-rank gradient sketches (DESIGN.md §2).
+"""Pure math of low-rank gradient sketches (docs/design.md §2).
 
 Every function here is stateless: the optimizer (``logra.py``) and the slow
 reference (``reference.py``) hold the state and call these. Shapes follow the
