@@ -1,8 +1,8 @@
 """Policy-gradient math for GRPO-style RL: advantages and the clipped token loss.
 
 Pure functions with shape comments; :class:`~logra_lightning.module.PolicyGradientModule`
-holds the state and calls them. Notation: ``B`` prompts, ``G`` samples per prompt,
-``T`` completion tokens (right-padded, ``mask`` marks real tokens).
+holds the state and calls them (:func:`grpo_loss` once per micro-batch). Notation: ``B``
+prompts, ``G`` samples per prompt, ``T`` completion tokens (right-padded, ``mask`` marks real tokens).
 
 Departures from the GRPO paper (DeepSeekMath), as in recent recipes:
 
@@ -22,6 +22,8 @@ Example::
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -128,3 +130,77 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     """``log softmax(logits / temperature)[tokens]``: ``[N, T, V], [N, T] -> [N, T]``."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [N, T, V]
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def tis_weights(logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float, mask: torch.Tensor) -> torch.Tensor:
+    """Truncated importance weights ``min(pi_trainer / pi_engine, cap)``: ``[N, T]``, 0 where ``mask`` is 0."""
+    return torch.exp(logprobs - engine_logprobs).clamp(max=cap) * mask
+
+
+def grpo_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: int,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    temperature: float = 1.0,
+    token_weights: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy: bool = True,
+    policy_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = clipped_policy_loss,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The whole loss of one micro-batch: PPO-clip policy term (TIS-weighted) ``+ kl_coef * k3 KL`` to a reference.
+
+    Every term is a sum over this micro-batch's tokens divided by ``num_tokens``, the token
+    count of the whole batch, so the losses of a batch's micro-batches add up to the loss of
+    the batch at once (its token mean), and so do the stats.
+
+    Args:
+        logits: ``[n, T, V]`` policy logits at the target positions (with grad).
+        targets: ``[n, T]`` sampled tokens.
+        old_logprobs: ``[n, T]`` log pi_old of the targets (no grad).
+        advantages: ``[n]`` per-sequence advantages.
+        mask: ``[n, T]`` 1 on completion tokens.
+        num_tokens: completion tokens in the whole batch (this micro-batch's and the others').
+        clip_low, clip_high: PPO clip range ``[1 - clip_low, 1 + clip_high]``.
+        temperature: the rollout's sampling temperature (the logits are divided by it).
+        token_weights: ``[n, T]`` per-token weights of the policy term (:func:`tis_weights`); ``None``: 1.
+        ref_logprobs: ``[n, T]`` log pi_ref of the targets; ``None``: no KL term.
+        kl_coef: weight of the KL term.
+        entropy: also compute the ``policy/entropy`` stat (a softmax over the vocabulary).
+        policy_loss: the policy term, a function with :func:`clipped_policy_loss`'s signature.
+
+    Returns:
+        ``(loss, stats)``: ``loss`` a scalar with grad; ``stats`` plain floats, each this
+        micro-batch's share of the batch value (sum them over the micro-batches):
+        ``loss/policy`` (the loss itself), ``policy/clip_frac``, ``policy/approx_kl``,
+        ``policy/entropy`` (with ``entropy``), ``policy/ref_kl`` (with ``ref_logprobs``).
+
+    Example::
+
+        >>> logits = torch.zeros(1, 2, 4, requires_grad=True)  # uniform over 4 tokens: entropy log 4
+        >>> lp = gather_logprobs(logits.detach(), torch.tensor([[1, 2]]))  # [1, 2] = pi_old
+        >>> loss, stats = grpo_loss(logits, torch.tensor([[1, 2]]), lp, torch.tensor([1.0]), torch.ones(1, 2), 4)
+        >>> loss.item(), stats["policy/clip_frac"], round(stats["policy/entropy"], 4)  # half the batch's tokens
+        (-0.5, 0.0, 0.6931)
+    """
+    lp = gather_logprobs(logits, targets, temperature)  # [n, T]
+    loss, st = policy_loss(lp, old_logprobs, advantages, mask, clip_low, clip_high, normalizer=num_tokens,
+                           token_weights=token_weights)  # fmt: skip
+    if ref_logprobs is not None:
+        ref_kl = (k3_kl(lp, ref_logprobs) * mask).sum() / num_tokens  # scalar, this micro-batch's share
+        loss = loss + kl_coef * ref_kl
+    share = int(mask.sum()) / max(num_tokens, 1)  # this micro-batch's fraction of the batch's tokens
+    stats = {"loss/policy": loss.item(), "policy/clip_frac": st["clip_frac"].item() * share,
+             "policy/approx_kl": st["approx_kl"].item() * share}  # fmt: skip
+    if entropy:
+        with torch.no_grad():
+            stats["policy/entropy"] = masked_mean(token_entropy(logits.detach() / temperature), mask).item() * share
+    if ref_logprobs is not None:
+        stats["policy/ref_kl"] = ref_kl.item()
+    return loss, stats

@@ -54,19 +54,19 @@ from typing import Any, Callable
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
-from logra_lightning.errors import ConfigError, TrainingError
-from logra_lightning.grpo import clipped_policy_loss, gather_logprobs, grpo_advantages, k3_kl, masked_mean, token_entropy
-from logra_lightning.health import degenerate_rollout, grads_finite
+from logra_lightning.errors import ConfigError
+from logra_lightning.grpo import clipped_policy_loss, gather_logprobs, grpo_advantages, grpo_loss, masked_mean, tis_weights
+from logra_lightning.health import FaultPolicy, all_ranks_agree, degenerate_rollout, engine_failure, grads_finite
 from logra_lightning.models import load_policy, load_tokenizer
 from logra_lightning.optim.sketch import mix_seed
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.phases import announce_phase
-from logra_lightning.probe import ProbeCache, probe_positions
-from logra_lightning.rewards import ExactMatchReward, safe_rewards
+from logra_lightning.probe import KLProbe
+from logra_lightning.rewards import ExactMatchReward
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
 from logra_lightning.sequences import PackedBatch, pack_sequences, right_align
 from logra_lightning.validation import check_prompt_lengths, model_config
@@ -188,18 +188,17 @@ class PolicyGradientModule(L.LightningModule):
         self.val_accuracy = MeanMetric()
         self.accuracy_history: list[tuple[int, float]] = []
         self._ref: list[torch.nn.Module] = []  # a list keeps the frozen reference out of state_dict
-        self._probe: PackedBatch | None = None
-        self._probe_tokens: int | None = None  # KLStepControl's sample_tokens, learned from its first call
-        self._probe_cache = ProbeCache()
-        self._reward_errors = 0
+        self._probe: PackedBatch | None = None  # the current step's batch, which the KL probe samples
+        self._kl_probe = KLProbe(kl_probe_seed)
+        self.faults = FaultPolicy(max_consecutive_skips, max_new_tokens)  # counters checkpointed
         self._fit_started = 0.0
-        # fault counters and the sampling position (all checkpointed)
-        self._skipped_steps = 0
-        self._skipped_batches = 0
-        self._consecutive_skips = 0
-        self._rollouts = 0
+        self._rollouts = 0  # the sampling position (checkpointed)
         self._sampling_seed = sampling_seed
-        self._warned: set[str] = set()
+
+    # read by tests and benchmarks (kept from before the counters moved to ``faults``)
+    _skipped_steps = property(lambda self: self.faults.skipped_steps)
+    _consecutive_skips = property(lambda self: self.faults.consecutive_skips)
+    _reward_errors = property(lambda self: self.faults.reward_errors)
 
     # ------------------------------------------------------------------ setup
     @override
@@ -291,8 +290,8 @@ class PolicyGradientModule(L.LightningModule):
         with announce_phase(self, "rollout"):
             rollout = self._generate(prompt_ids, G)
         unusable = degenerate_rollout(rollout)
-        if not self._all_ranks_agree(unusable is None):
-            self._skip("batch", unusable or "unusable rollout on another rank")
+        if not all_ranks_agree(self._trainer, unusable is None):
+            self.faults.skip("batch", unusable or "unusable rollout on another rank", self.trainer, self.global_step)
             self._log_health(rollout, start, len(prompts))
             return
         rewards = self._score([p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)])
@@ -301,21 +300,16 @@ class PolicyGradientModule(L.LightningModule):
         seqs = pack_sequences([p for p in prompt_ids for _ in range(G)], rollout.completion_ids,
                               self.tokenizer.pad_token_id).to(self.device)  # fmt: skip
         self._probe = seqs
-        self._probe_cache.clear()
+        self._kl_probe.cache.clear()
         old_lp = self._logprobs(seqs)  # [N, L-1], no grad: pi_old
         engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids for _ in range(G)],
                                 old_lp.shape[1]).to(old_lp.device)  # [N, L-1] # fmt: skip
         self._measure_engine_gap(seqs, old_lp, engine_lp)
-        tis = None
-        if hp.tis_cap is not None:  # [N, L-1], no grad
-            tis = torch.exp(old_lp - engine_lp).clamp(max=hp.tis_cap) * seqs.mask
-            stats_tis = masked_mean(tis, seqs.mask).item()
-        ref_lp = self._logprobs(seqs, self._ref[0]) if self._ref else None
+        tis = None if hp.tis_cap is None else tis_weights(old_lp, engine_lp, hp.tis_cap, seqs.mask)  # [N, L-1]
+        ref_lp = self._logprobs(seqs, self._ref[0]) if self._ref else None  # [N, L-1]
 
-        n_tokens = seqs.num_tokens
         micro = hp.micro_batch_size or len(seqs.ids)
-        stats: dict[str, float] = {"loss/policy": 0.0, "policy/clip_frac": 0.0, "policy/approx_kl": 0.0,
-                                   "policy/entropy": 0.0, "policy/ref_kl": 0.0}  # fmt: skip
+        stats: dict[str, float] = {}
         for epoch in range(hp.ppo_epochs):
             finite = True
             with announce_phase(self, "forward_backward"):
@@ -323,39 +317,31 @@ class PolicyGradientModule(L.LightningModule):
                     rows = slice(lo, lo + micro)
                     mb = seqs.rows(rows)
                     logits = self.policy(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
-                    lp = gather_logprobs(logits, mb.targets, hp.temperature)  # [n, L-1]
-                    loss, st = clipped_policy_loss(lp, old_lp[rows], adv[rows], mb.mask, hp.clip_low, hp.clip_high,
-                                                   normalizer=n_tokens,
-                                                   token_weights=None if tis is None else tis[rows])  # fmt: skip
-                    if ref_lp is not None:
-                        ref_kl = (k3_kl(lp, ref_lp[rows]) * mb.mask).sum() / n_tokens
-                        loss = loss + hp.kl_coef * ref_kl
-                        stats["policy/ref_kl"] += ref_kl.item() / hp.ppo_epochs
+                    loss, st = grpo_loss(
+                        logits, mb.targets, old_lp[rows], adv[rows], mb.mask, seqs.num_tokens,
+                        clip_low=hp.clip_low, clip_high=hp.clip_high, temperature=hp.temperature,
+                        token_weights=None if tis is None else tis[rows], kl_coef=hp.kl_coef,
+                        ref_logprobs=None if ref_lp is None else ref_lp[rows], entropy=epoch == 0,
+                        policy_loss=clipped_policy_loss,  # this module's name, so tests/test_faults.py can inject a NaN
+                    )  # fmt: skip
                     self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
-                    finite = finite and math.isfinite(loss.item())
-                    w = mb.num_tokens / max(n_tokens, 1) / hp.ppo_epochs  # token weight of this micro-batch
-                    stats["loss/policy"] += loss.item() / hp.ppo_epochs
-                    stats["policy/clip_frac"] += st["clip_frac"].item() * w
-                    stats["policy/approx_kl"] += st["approx_kl"].item() * w
-                    if epoch == 0:
-                        with torch.no_grad():
-                            ent = masked_mean(token_entropy(logits.detach() / hp.temperature), mb.mask)
-                        stats["policy/entropy"] += ent.item() * mb.num_tokens / max(n_tokens, 1)
+                    finite = finite and math.isfinite(st["loss/policy"])
+                    for key, value in st.items():  # stats are shares of the batch; entropy is from epoch 0 only
+                        stats[key] = stats.get(key, 0.0) + (value if key == "policy/entropy" else value / hp.ppo_epochs)
             with announce_phase(self, "optimizer"):
                 # A non-finite loss, gradient or sketch skips the step on every rank; zero_grad()
                 # clears gradients and sketches and nothing else moves (moments, LR, callbacks).
-                if self._all_ranks_agree(finite and grads_finite(opt)):
+                if all_ranks_agree(self._trainer, finite and grads_finite(opt)):
                     opt.step()
-                    self._consecutive_skips = 0
+                    self.faults.stepped()
                     if self.lr_schedulers() is not None:
                         self.lr_schedulers().step()
                 else:
-                    self._skip("step", "non-finite loss" if not finite else "non-finite gradients")
+                    why = "non-finite loss" if not finite else "non-finite gradients"
+                    self.faults.skip("step", why, self.trainer, self.global_step)
                 opt.zero_grad()
-        if ref_lp is None:
-            stats.pop("policy/ref_kl")
         if tis is not None:
-            stats["policy/tis_weight_mean"] = stats_tis
+            stats["policy/tis_weight_mean"] = masked_mean(tis, seqs.mask).item()
 
         self.log_dict(stats, batch_size=len(prompts))
         self._log_health(rollout, start, len(prompts))
@@ -367,7 +353,7 @@ class PolicyGradientModule(L.LightningModule):
                        "reward/accuracy": (rewards >= hp.correct_reward).float().mean().item()},
                       prog_bar=True, batch_size=len(prompts))  # fmt: skip
 
-    # ------------------------------------------------------------------ faults
+    # ---------------------------------------------- rollout, rewards, logprobs
     def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
         """Sample ``n`` completions per prompt with this rollout's seed; a failing engine stops training."""
         sampling = self.sampling
@@ -379,51 +365,9 @@ class PolicyGradientModule(L.LightningModule):
             if len(rollout) != len(prompt_ids) * n:
                 raise RuntimeError(f"returned {len(rollout)} completions for {len(prompt_ids)} prompts x {n} samples")
         except Exception as err:
-            cb = self.trainer.checkpoint_callback if self._trainer is not None else None
-            last = getattr(cb, "last_model_path", "") or getattr(cb, "best_model_path", "") or None
-            kept = f"the last checkpoint, {last}, is intact" if last else "no checkpoint was written in this run"
-            raise TrainingError(
-                f"rollout engine {type(self.engine).__name__} failed at global step {self.global_step} "
-                f"({type(err).__name__}: {err}). Training stopped without checkpointing this step; {kept}. "
-                "Fix the engine (see the error above), then resume: logra fit --config <config> --ckpt_path last"
-            ) from err
+            raise engine_failure(err, self.engine, self.global_step, self._trainer) from err
         self._rollouts += 1
         return rollout
-
-    def _all_ranks_agree(self, ok: bool) -> bool:
-        """True only when ``ok`` on every rank (one all-reduce under DDP/FSDP; ``ok`` itself on one process)."""
-        if self._trainer is None:
-            return ok
-        return bool(self.trainer.strategy.reduce_boolean_decision(bool(ok), all=True))
-
-    def _skip(self, kind: str, why: str) -> None:
-        """Count a skipped ``"step"`` or ``"batch"``; warn the first time; stop after too many in a row."""
-        if kind == "step":
-            self._skipped_steps += 1
-        else:
-            self._skipped_batches += 1
-        self._consecutive_skips += 1
-        limit = self.hparams.max_consecutive_skips
-        if kind not in self._warned:
-            self._warned.add(kind)
-            what = "optimizer step skipped (counted in health/skipped_steps)" if kind == "step" else (
-                f"batch skipped (counted in health/skipped_batches; raise model.max_new_tokens="
-                f"{self.hparams.max_new_tokens} if completions are cut off)")  # fmt: skip
-            rank_zero_warn(f"{why} at global step {self.global_step}: {what}. Warned once; training stops after "
-                           f"more than {limit} consecutive skips (model.max_consecutive_skips).")  # fmt: skip
-        if limit is not None and self._consecutive_skips > limit:
-            path = self._halt_checkpoint()
-            raise TrainingError(
-                f"{self._consecutive_skips} consecutive steps skipped at global step {self.global_step} (last: {why}; "
-                f"model.max_consecutive_skips={limit}). Wrote {path} (the weights before these skips). Check the "
-                "data, rewards and learning rate, then resume from it with --ckpt_path <that file>."
-            )
-
-    def _halt_checkpoint(self) -> Path:
-        root = Path(self.trainer.log_dir or self.trainer.default_root_dir)
-        path = root / "checkpoints" / f"halted-step={self.global_step}.ckpt"
-        self.trainer.save_checkpoint(path)  # a collective under DDP/FSDP: every rank gets here together
-        return path
 
     def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
         seconds = time.perf_counter() - start
@@ -433,24 +377,11 @@ class PolicyGradientModule(L.LightningModule):
             "completion/clipped_ratio": 1.0 - sum(rollout.finished) / max(len(rollout.finished), 1),
             "perf/step_seconds": seconds,
             "perf/tokens_per_second": sum(lengths) / seconds,
-            "health/skipped_steps": float(self._skipped_steps),
-            "health/skipped_batches": float(self._skipped_batches),
+            **self.faults.metrics(),
         }, batch_size=batch_size)  # fmt: skip
 
     def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
-        values, errors, first = safe_rewards(self.reward_fn, prompts, completions, answers)
-        bad = {i for i, v in enumerate(values) if not math.isfinite(v)}
-        if bad:  # a NaN/inf reward would turn its whole group's advantages into NaN: treat it as a failed sample
-            i = min(bad)
-            first = first or f"non-finite reward {values[i]} for sample {i}"
-            values = [0.0 if i in bad else v for i, v in enumerate(values)]
-            errors += len(bad)
-        if errors:
-            if not self._reward_errors:
-                rank_zero_warn(f"reward function failed on {errors} sample(s) at step {self.global_step} "
-                               f"(they get reward 0; counted in reward/errors). First error: {first}")  # fmt: skip
-            self._reward_errors += errors
-        return torch.tensor(values, dtype=torch.float32)  # [N]
+        return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step)  # [N]
 
     @torch.no_grad()
     def _logprobs(self, seqs: PackedBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
@@ -460,23 +391,19 @@ class PolicyGradientModule(L.LightningModule):
         probe logits, the logits at this batch's probe positions are kept for its first call.
         """
         # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
-        keep = model is None and self._probe_tokens is not None and not torch.is_autocast_enabled(self.device.type)
+        keep = model is None and not torch.is_autocast_enabled(self.device.type)
+        probe = self._kl_probe.base_recorder(seqs, self.global_step) if keep else None
         model = model or self.policy
-        if keep:
-            rows, pick = self._probe_positions(seqs, self._probe_tokens)
-            probe_rows, probe_pos = rows[pick[:, 0]].to(self.device), pick[:, 1].to(self.device)  # [M] ascending, [M]
-            probe = []
         micro = self.hparams.micro_batch_size or len(seqs.ids)
         out = []
         for lo in range(0, len(seqs.ids), micro):
             mb = seqs.rows(slice(lo, lo + micro))
             logits = model(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
             out.append(gather_logprobs(logits, mb.targets, self.hparams.temperature))
-            if keep:
-                here = (probe_rows >= lo) & (probe_rows < lo + len(mb.ids))  # [M]
-                probe.append(logits[probe_rows[here] - lo, probe_pos[here]].float())  # [m, V], in probe order
-        if keep:
-            self._probe_cache.put(self.policy, (self.global_step, self._probe_tokens), torch.cat(probe))  # [M, V]
+            if probe is not None:
+                probe.add(lo, logits)
+        if probe is not None:
+            probe.save(self.policy)
         return torch.cat(out)
 
     def _measure_engine_gap(self, seqs: PackedBatch, trainer_lp: torch.Tensor, engine_lp: torch.Tensor) -> None:
@@ -495,18 +422,7 @@ class PolicyGradientModule(L.LightningModule):
         """
         if self._probe is None:
             raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
-        self._probe_tokens = max_tokens  # the next batch's pi_old pass keeps these positions' logits
-        cached = self._probe_cache.get(self.policy, (self.global_step, max_tokens))
-        if cached is not None:
-            return cached
-        rows, pick = self._probe_positions(self._probe, max_tokens)
-        sub = self._probe.rows(rows.to(self.device))
-        logits = self.policy(input_ids=sub.ids, attention_mask=sub.attention_mask).logits[:, :-1]  # [R, L-1, V]
-        pick = pick.to(self.device)
-        return logits[pick[:, 0], pick[:, 1]].float()  # [N, V]
-
-    def _probe_positions(self, seqs: PackedBatch, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return probe_positions(seqs.mask, max_tokens, self.hparams.kl_probe_seed * 1_000_003 + self.global_step)
+        return self._kl_probe.logits(self.policy, self._probe, self.global_step, max_tokens)
 
     # ------------------------------------------------------------- evaluation
     @override
@@ -568,10 +484,7 @@ class PolicyGradientModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["logra"] = {
             "accuracy_history": list(self.accuracy_history),
-            "reward_errors": self._reward_errors,
-            "skipped_steps": self._skipped_steps,
-            "skipped_batches": self._skipped_batches,
-            "consecutive_skips": self._consecutive_skips,
+            **self.faults.state_dict(),  # reward_errors, skipped_steps, skipped_batches, consecutive_skips
             "rollouts": self._rollouts,  # the next rollout's sampling seed follows from it
             "sampling_seed": self._sampling_seed,
         }
@@ -580,10 +493,7 @@ class PolicyGradientModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("logra", {})
         self.accuracy_history = [tuple(x) for x in state.get("accuracy_history", [])]
-        self._reward_errors = state.get("reward_errors", 0)
-        self._skipped_steps = state.get("skipped_steps", 0)
-        self._skipped_batches = state.get("skipped_batches", 0)
-        self._consecutive_skips = state.get("consecutive_skips", 0)
+        self.faults.load_state_dict(state)
         self._rollouts = state.get("rollouts", 0)
         if state.get("sampling_seed") is not None and self.hparams.sampling_seed is None:
             self._sampling_seed = state["sampling_seed"]

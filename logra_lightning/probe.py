@@ -1,4 +1,7 @@
-"""The token subsample :class:`~logra_lightning.callbacks.KLStepControl` probes, and its cheap base logits.
+"""The KL-probe protocol: the tokens :class:`~logra_lightning.callbacks.KLStepControl` probes, and cheap base logits.
+
+:class:`KLProbe` is what :meth:`~logra_lightning.module.PolicyGradientModule.kl_probe_logits`
+delegates to.
 
 The KL control asks the module for logits at a fixed subsample of the current batch's
 completion tokens two or three times per optimizer step (current weights, weights moved
@@ -27,6 +30,8 @@ Example::
 from __future__ import annotations
 
 import torch
+
+from logra_lightning.sequences import PackedBatch
 
 
 def probe_positions(mask: torch.Tensor, max_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,3 +95,72 @@ class ProbeCache:
 
     def clear(self) -> None:
         self._entry = None
+
+
+class KLProbe:
+    """Probe positions, base-logit cache and probe forward pass of a policy-gradient module.
+
+    The positions depend only on the batch, ``seed`` and the step, so every call within one
+    step probes the same tokens. ``max_tokens`` is learned from the control's first call;
+    from then on each step's ``pi_old`` pass records the base logits (:meth:`base_recorder`).
+
+    Args:
+        seed: seed of the token subsample (the module's ``kl_probe_seed``).
+
+    Example::
+
+        >>> probe = KLProbe(seed=0)
+        >>> probe.base_recorder(None, step=0) is None  # nobody has asked for probe logits yet
+        True
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.max_tokens: int | None = None  # KLStepControl's sample_tokens, learned from its first call
+        self.cache = ProbeCache()
+
+    def positions(self, seqs: PackedBatch, step: int, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`probe_positions` of ``seqs``' completion tokens at ``step``."""
+        return probe_positions(seqs.mask, max_tokens, self.seed * 1_000_003 + step)
+
+    @torch.no_grad()
+    def logits(self, policy: torch.nn.Module, seqs: PackedBatch, step: int, max_tokens: int) -> torch.Tensor:
+        """Logits ``[N, V]`` of ``policy`` at the probe positions: cached at unchanged weights, else a forward pass."""
+        self.max_tokens = max_tokens  # the next batch's pi_old pass keeps these positions' logits
+        cached = self.cache.get(policy, (step, max_tokens))
+        if cached is not None:
+            return cached
+        rows, pick = self.positions(seqs, step, max_tokens)
+        device = seqs.ids.device
+        sub = seqs.rows(rows.to(device))
+        logits = policy(input_ids=sub.ids, attention_mask=sub.attention_mask).logits[:, :-1]  # [R, L-1, V]
+        pick = pick.to(device)
+        return logits[pick[:, 0], pick[:, 1]].float()  # [N, V]
+
+    def base_recorder(self, seqs: PackedBatch, step: int) -> _BaseRecorder | None:
+        """A recorder of the probe positions' logits for the micro-batched ``pi_old`` pass over ``seqs``.
+
+        ``None`` until :meth:`logits` has been called (no control is probing).
+        """
+        if self.max_tokens is None:
+            return None
+        rows, pick = self.positions(seqs, step, self.max_tokens)
+        return _BaseRecorder(self.cache, (step, self.max_tokens), rows[pick[:, 0]], pick[:, 1], seqs.ids.device)
+
+
+class _BaseRecorder:
+    """Collects the probed positions' logits micro-batch by micro-batch, then caches them."""
+
+    def __init__(self, cache: ProbeCache, key: tuple, rows: torch.Tensor, pos: torch.Tensor, device) -> None:
+        self.cache, self.key = cache, key
+        self.rows, self.pos = rows.to(device), pos.to(device)  # [M] ascending, [M]
+        self.parts: list[torch.Tensor] = []
+
+    def add(self, lo: int, logits: torch.Tensor) -> None:
+        """Take the probed positions among rows ``lo .. lo + len(logits)`` of ``logits`` ``[n, L-1, V]``."""
+        here = (self.rows >= lo) & (self.rows < lo + len(logits))  # [M]
+        self.parts.append(logits[self.rows[here] - lo, self.pos[here]].float())  # [m, V], in probe order
+
+    def save(self, policy: torch.nn.Module) -> None:
+        """Cache the collected logits ``[M, V]``, valid while ``policy``'s weights are unchanged."""
+        self.cache.put(policy, self.key, torch.cat(self.parts))

@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from logra_lightning.grpo import clipped_policy_loss, gather_logprobs, grpo_advantages, k3_kl, token_entropy
+from logra_lightning.grpo import (
+    clipped_policy_loss,
+    gather_logprobs,
+    grpo_advantages,
+    grpo_loss,
+    k3_kl,
+    masked_mean,
+    tis_weights,
+    token_entropy,
+)
 from logra_lightning.sequences import pack_sequences, right_align
 
 
@@ -89,3 +98,88 @@ def test_token_weights_scale_each_tokens_loss():
     assert loss.item() == pytest.approx(-(2.0 + 0.5) / 2)
     loss.backward()
     torch.testing.assert_close(lp.grad, -w / 2)
+
+
+def test_grpo_loss_by_hand():
+    # one micro-batch of 2 tokens (the batch has 4): ratios e^0.5 (clipped at 1.28) and e^-0.5, advantage +1,
+    # TIS weights (2, 0.5), reference logprobs 1 above the policy's (k3 = e - 2 per token), uniform logits over 2
+    logits = torch.zeros(1, 2, 2, requires_grad=True)
+    targets = torch.tensor([[0, 1]])
+    lp = math.log(0.5)
+    old = torch.tensor([[lp - 0.5, lp + 0.5]])
+    loss, stats = grpo_loss(logits, targets, old, torch.tensor([1.0]), torch.ones(1, 2), 4, clip_low=0.2,
+                            clip_high=0.28, token_weights=torch.tensor([[2.0, 0.5]]),
+                            ref_logprobs=torch.full((1, 2), lp + 1.0), kl_coef=0.1)  # fmt: skip
+    policy = -(2.0 * 1.28 + 0.5 * math.exp(-0.5)) / 4
+    ref_kl = 2 * (math.e - 2) / 4
+    assert loss.item() == pytest.approx(policy + 0.1 * ref_kl, rel=1e-6)
+    assert stats["loss/policy"] == pytest.approx(policy + 0.1 * ref_kl, rel=1e-6)
+    assert stats["policy/ref_kl"] == pytest.approx(ref_kl, rel=1e-6)
+    # the stats are this micro-batch's share (2 of 4 tokens) of the batch's token means
+    assert stats["policy/clip_frac"] == pytest.approx(0.5 * 0.5)
+    assert stats["policy/approx_kl"] == pytest.approx(0.5 * (math.exp(0.5) + math.exp(-0.5) - 2) / 2, rel=1e-6)
+    assert stats["policy/entropy"] == pytest.approx(0.5 * math.log(2), rel=1e-6)
+    assert list(stats) == ["loss/policy", "policy/clip_frac", "policy/approx_kl", "policy/entropy", "policy/ref_kl"]
+    _, plain = grpo_loss(logits, targets, old, torch.tensor([1.0]), torch.ones(1, 2), 4, entropy=False)
+    assert set(plain) == {"loss/policy", "policy/clip_frac", "policy/approx_kl"}
+
+
+def _inline_composition(hp, logits, targets, old_lp, adv, mask, tis, ref_lp, micro):
+    """The loss as ``PolicyGradientModule.training_step`` composed it inline before ``grpo_loss`` (one epoch)."""
+    n_tokens = int(mask.sum())
+    stats = {"loss/policy": 0.0, "policy/clip_frac": 0.0, "policy/approx_kl": 0.0, "policy/entropy": 0.0,
+             "policy/ref_kl": 0.0}  # fmt: skip
+    losses = []
+    for lo in range(0, len(targets), micro):
+        rows = slice(lo, lo + micro)
+        lg, mb_mask = logits[rows], mask[rows]
+        mb_tokens = int(mb_mask.sum())
+        lp = gather_logprobs(lg, targets[rows], hp["temperature"])
+        loss, st = clipped_policy_loss(lp, old_lp[rows], adv[rows], mb_mask, hp["clip_low"], hp["clip_high"],
+                                       normalizer=n_tokens, token_weights=tis[rows])  # fmt: skip
+        ref_kl = (k3_kl(lp, ref_lp[rows]) * mb_mask).sum() / n_tokens
+        loss = loss + hp["kl_coef"] * ref_kl
+        stats["policy/ref_kl"] += ref_kl.item()
+        w = mb_tokens / max(n_tokens, 1)
+        stats["loss/policy"] += loss.item()
+        stats["policy/clip_frac"] += st["clip_frac"].item() * w
+        stats["policy/approx_kl"] += st["approx_kl"].item() * w
+        with torch.no_grad():
+            ent = masked_mean(token_entropy(lg.detach() / hp["temperature"]), mb_mask)
+        stats["policy/entropy"] += ent.item() * mb_tokens / max(n_tokens, 1)
+        losses.append(loss)
+    return losses, stats
+
+
+def test_grpo_loss_equals_the_previous_inline_composition():
+    gen = torch.Generator().manual_seed(0)
+    N, T, V = 5, 6, 11
+    hp = {"temperature": 0.7, "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.05}
+    logits = torch.randn(N, T, V, generator=gen)
+    targets = torch.randint(0, V, (N, T), generator=gen)
+    mask = (torch.rand(N, T, generator=gen) < 0.7).float()
+    old_lp = gather_logprobs(logits, targets, hp["temperature"]) + 0.3 * torch.randn(N, T, generator=gen)
+    engine_lp = old_lp + 0.2 * torch.randn(N, T, generator=gen)
+    ref_lp = old_lp + 0.5 * torch.randn(N, T, generator=gen)
+    adv = torch.randn(N, generator=gen)
+    tis = tis_weights(old_lp, engine_lp, 2.0, mask)
+    torch.testing.assert_close(tis, torch.exp(old_lp - engine_lp).clamp(max=2.0) * mask, rtol=0, atol=0)
+
+    a = logits.clone().requires_grad_(True)
+    old_losses, old_stats = _inline_composition(hp, a, targets, old_lp, adv, mask, tis, ref_lp, micro=2)
+    sum(old_losses).backward()
+    b = logits.clone().requires_grad_(True)
+    new_stats: dict[str, float] = {}
+    for lo in range(0, N, 2):
+        rows = slice(lo, lo + 2)
+        loss, st = grpo_loss(b[rows], targets[rows], old_lp[rows], adv[rows], mask[rows], int(mask.sum()),
+                             clip_low=hp["clip_low"], clip_high=hp["clip_high"], temperature=hp["temperature"],
+                             token_weights=tis[rows], ref_logprobs=ref_lp[rows], kl_coef=hp["kl_coef"])  # fmt: skip
+        assert torch.equal(loss, old_losses[lo // 2])
+        loss.backward()
+        for key, value in st.items():
+            new_stats[key] = new_stats.get(key, 0.0) + value
+    assert torch.equal(a.grad, b.grad)
+    assert new_stats.keys() == old_stats.keys()
+    for key, value in old_stats.items():
+        assert new_stats[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
