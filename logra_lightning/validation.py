@@ -245,6 +245,27 @@ def config_file_args(argv: Sequence[str]) -> list[str]:
     return found
 
 
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that rejects a key given twice in one mapping (safe_load keeps the last silently)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen[key] + 1}); keep one of them",
+                        key_node.start_mark,
+                    )  # fmt: skip
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def check_config_file(path: str) -> None:
     """``path`` must be a readable YAML file holding a mapping.
 
@@ -268,13 +289,14 @@ def check_config_file(path: str) -> None:
     except OSError as err:
         raise ConfigError(f"--config {path}: cannot be read ({err.strerror}); check its permissions") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         what = " ".join(str(x) for x in (err.context, err.problem) if x)
-        raise ConfigError(f"--config {path}{where}: not valid YAML ({what}); tabs and unbalanced quotes or brackets "
-                          "are the usual causes") from None  # fmt: skip
+        hint = "" if isinstance(err, yaml.constructor.ConstructorError) else (
+            "; tabs and unbalanced quotes or brackets are the usual causes")
+        raise ConfigError(f"--config {path}{where}: not valid YAML ({what}){hint}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(err).split())})") from None
     if doc is None:
