@@ -20,7 +20,7 @@ logits, ``grpo.gather_logprobs`` (fp32 log-softmax), a policy-gradient loss, bac
 Compared per row (errors are ``predicted / measured - 1``):
 
 * ``exact``: parameters, gradients alive after the first backward and optimizer state after a
-  step, summed over the real tensors, against :func:`logra_lightning.plan.plan_optimizer`
+  step, summed over the real tensors, against :func:`logra_lightning.plan.memory.plan_optimizer`
   (target: within 2%);
 * ``peak``: the planner's peak (one process, no FSDP, ``--adamw-impl for-loop``, the CPU
   default, no reserve) against the measured peak RSS increase (target: within 20%), once with
