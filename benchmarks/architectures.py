@@ -72,6 +72,7 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
     from logra_lightning.module import PolicyGradientModule
     from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
+    from logra_lightning.sync_wire import tensor_nbytes
 
     t0 = time.perf_counter()
     path = build_tiny_model(Path(workdir) / arch, TinyModelConfig(architecture=arch, num_layers=2,
@@ -113,7 +114,7 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                         num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, dm)
-    dense_bytes = sum(p.numel() * p.element_size() for p in module.policy.parameters())
+    dense_bytes = sum(map(tensor_nbytes, module.policy.parameters()))
     record.update(
         steps=steps, full_syncs=sync.full_syncs, lowrank_syncs=sync.lowrank_syncs,
         step_gap_mean=[g[0] for g in gaps], step_gap_max=[g[1] for g in gaps],

@@ -82,17 +82,9 @@ def _config_dict(shape: dict, seq: int) -> dict:
 
 def _exact_bytes(model, opt) -> tuple[int, int, int]:
     """(params, live grads, optimizer state) summed over the real tensors."""
-    try:
-        from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
+    from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
 
-        return param_bytes(model), grad_bytes(model), optimizer_state_bytes(opt)
-    except ImportError:  # before optim/accounting.py exists: the same sums
-        import torch
-
-        params = list({id(p): p for p in model.parameters()}.values())
-        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
-        state = sum(nbytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
-        return sum(map(nbytes, params)), sum(nbytes(p.grad) for p in params if p.grad is not None), state
+    return param_bytes(model), grad_bytes(model), optimizer_state_bytes(opt)
 
 
 def _rl_step(model, opt, ids, adv) -> int:

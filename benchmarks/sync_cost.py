@@ -89,6 +89,7 @@ def measure(size: str, run: dict) -> dict:
     from logra_lightning.models import load_policy
     from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
+    from logra_lightning.sync_wire import tensor_nbytes
 
     tmp = tempfile.TemporaryDirectory(prefix="sync_cost_")
     path = build_model_dir(size, Path(tmp.name) / "model")
@@ -116,14 +117,14 @@ def measure(size: str, run: dict) -> dict:
         t = time.perf_counter()
         engine.apply_lowrank_updates(updates, dense)
         seconds = time.perf_counter() - t
-        sent = sum(u.nbytes for u in updates) + sum(v.numel() * v.element_size() for _, v in dense)
+        sent = sum(u.nbytes for u in updates) + sum(tensor_nbytes(v) for _, v in dense)
         lowrank.append({"bytes": sent, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds})
     gap_lowrank = drift(engine, policy, prompts)
     full = []
     for _ in range(run["full_syncs"]):
         t = time.perf_counter()
         engine.load_weights(policy.named_parameters())
-        full.append({"bytes": sum(p.numel() * p.element_size() for p in policy.parameters()),
+        full.append({"bytes": sum(map(tensor_nbytes, policy.parameters())),
                      "payload_bytes": engine.last_sync["bytes"], "seconds": time.perf_counter() - t})  # fmt: skip
     gap_full = drift(engine, policy, prompts)
     engine.close()
