@@ -47,7 +47,8 @@ from logra_lightning.checkpoint_io import check_checkpoint_path, is_distributed_
 from logra_lightning.data import PromptDataModule
 from logra_lightning.errors import ConfigError, LograError
 from logra_lightning.module import PolicyGradientModule
-from logra_lightning.validation import check_config_files, validate_fit_config
+from logra_lightning.config_files import check_config_files
+from logra_lightning.validation import validate_fit_config
 
 TRAINER_DEFAULTS = {
     "logger": {
