@@ -45,10 +45,11 @@ from omegaconf.errors import OmegaConfBaseException
 from typing_extensions import override
 
 from logra_lightning.checkpoint_io import check_checkpoint_path, is_distributed_checkpoint
+from logra_lightning.config_files import check_config_files, config_file_args
 from logra_lightning.data import PromptDataModule
 from logra_lightning.errors import ConfigError, LograError
 from logra_lightning.module import PolicyGradientModule
-from logra_lightning.validation import check_config_files, config_file_args, validate_fit_config
+from logra_lightning.validation import validate_fit_config
 
 TRAINER_DEFAULTS = {
     "logger": {

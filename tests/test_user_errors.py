@@ -319,7 +319,7 @@ def _logra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         (["fit", "--config", "configs/no_such.yaml"], "logra: error: --config configs/no_such.yaml: no such file"),
         (["fit", "--config", CONFIG, "--model.model", "/no/such/model"], "logra: error: model.model='/no/such/model': no such"),
         (["fit", "--config", CONFIG, "--ckpt_path", __file__], "not a PyTorch checkpoint"),
-        (["export", "--ckpt_path", "/no/such.ckpt", "--out", "/tmp/x"], "logra: error: --ckpt_path /no/such.ckpt: no such"),
+        (["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"], "logra: error: --ckpt_path /no/such.ckpt: no such"),
     ],
 )  # fmt: skip
 def test_console_prints_one_line_and_exits_2(args, match):
