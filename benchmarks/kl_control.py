@@ -43,7 +43,9 @@ Reported per run: the held-out accuracy curve, the per-step ``kl/realized``, ``k
 median step seconds. Overhead (``demo_overhead``): per step, the callback logs
 ``kl/control_seconds`` (wall time it added) next to the module's ``perf/step_seconds`` (which
 includes it); ``overhead_share = median(control) / median(step - control)`` over the steps after
-the first ``--overhead-warmup`` (5; 0 with ``--quick``), target <= 15%. That one is a timing:
+the first ``--overhead-warmup`` (5; 0 with ``--quick``), target <= 5% (issue 18; it was 15%); the mean
+``overhead_share_mean = mean(control) / mean(step - control)`` counts the measured steps' extra forward
+too. That one is a timing:
 run it on a quiet machine (the load is recorded with every run).
 Results: ``benchmarks/results/kl_control[_quick].json``.
 """
@@ -68,7 +70,7 @@ from benchmarks.quality import QUICK  # noqa: E402
 from benchmarks.report import Report, clip, load_text, met, num, pct, table  # noqa: E402
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
-TARGETS = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), "overhead_share_max": 0.15}
+TARGETS = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), "overhead_share_max": 0.05}
 OVERHEAD = {"steps": 60, "warmup": 5}  # --quick: QUICK["steps"] steps, no warm-up skipped
 KEEP = ("val/accuracy", "kl/realized", "kl/predicted", "kl/predicted_unscaled", "kl/step_scale", "kl/calibration",
         "kl/control_seconds", "reward/mean")  # fmt: skip
@@ -163,6 +165,10 @@ def overhead_summary(scalars: dict, warmup: int) -> dict:
                    control_seconds_median=statistics.median(control[s] for s in steps),
                    step_seconds_without_control_median=without)  # fmt: skip
         out["overhead_share"] = out["control_seconds_median"] / without if without > 0 else None
+        mean_control = statistics.fmean(control[s] for s in steps)
+        mean_without = statistics.fmean(step[s] - control[s] for s in steps)
+        out["control_seconds_mean"] = mean_control
+        out["overhead_share_mean"] = mean_control / mean_without if mean_without > 0 else None
     return out
 
 
