@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "logra_lightning"
-OPTIM_MAY_IMPORT = {"logra_lightning.sync_wire", "logra_lightning.errors"}
+OPTIM_MAY_IMPORT = {"logra_lightning.sync_wire", "logra_lightning.errors", "logra_lightning._util"}
 
 
 def _module_name(path: Path) -> str:
