@@ -333,6 +333,39 @@ def check_engine_installed(engine: Any) -> None:
 
 
 # ---------------------------------------------------------------- the whole
+def check_trainer_args(trainer_cfg: Mapping[str, Any]) -> None:
+    """Trainer settings that a manually optimized RL module cannot honour, or that crash mid-run.
+
+    Lightning rejects gradient accumulation and clipping under manual optimization only when
+    ``fit`` starts (a traceback), and ``val_check_interval: 0`` divides by zero at the first step.
+
+    Example::
+
+        >>> check_trainer_args({"accumulate_grad_batches": 4})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        logra_lightning.errors.ConfigError: trainer.accumulate_grad_batches=4: ...
+    """
+    accumulate = trainer_cfg.get("accumulate_grad_batches", 1)
+    if accumulate not in (None, 1):
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={accumulate!r}: allowed 1; one batch is one RL step (the module "
+            "optimizes manually). To split a large batch into smaller backward passes set model.micro_batch_size; "
+            "for more prompts per step raise data.batch_size"
+        )  # fmt: skip
+    clip = trainer_cfg.get("gradient_clip_val")
+    if clip not in (None, 0, 0.0):
+        raise ConfigError(
+            f"trainer.gradient_clip_val={clip!r}: not supported (the module optimizes manually, and LoGRA frees each "
+            "gradient in backward, so there is no full gradient to clip); remove it. To bound the size of each step "
+            "use the KLStepControl callback"
+        )  # fmt: skip
+    interval = trainer_cfg.get("val_check_interval")
+    if interval is not None and not (_is_number(interval) and interval > 0):
+        raise ConfigError(f"trainer.val_check_interval={interval!r}: allowed numbers > 0 (an int: every that many "
+                          "RL steps; a float in (0, 1]: that fraction of an epoch), or null")  # fmt: skip
+
+
 def validate_fit_config(cfg: Mapping[str, Any]) -> None:
     """Run every start-up check on a parsed config (the ``fit`` section as a plain dict).
 
@@ -341,6 +374,7 @@ def validate_fit_config(cfg: Mapping[str, Any]) -> None:
     """
     model_cfg = dict(cfg.get("model") or {})
     trainer_cfg = dict(cfg.get("trainer") or {})
+    check_trainer_args(trainer_cfg)
     check_callbacks(trainer_cfg.get("callbacks"))
     for key, save_dir in _logger_dirs(trainer_cfg):
         check_writable_dir(save_dir, key, "log directory")

@@ -127,6 +127,10 @@ def test_bad_config_file(name, text, match, tmp_path, capsys):
         (["--data.batch_size", "-3"], r"data.batch_size=-3: must be an integer >= 1"),
         (["--trainer.logger.init_args.save_dir", "FILE"], r"save_dir='.*FILE': is a file, not a log directory"),
         (["--export", "FILE"], r"--export='.*FILE': is a file, not a export directory"),
+        (["--data.batch_size", "100000"], r"data.batch_size=100000: larger than the training set \(\d+ prompts\)"),
+        (["--trainer.accumulate_grad_batches", "4"], r"accumulate_grad_batches=4: allowed 1; .*model.micro_batch_size"),
+        (["--trainer.gradient_clip_val", "1.0"], r"gradient_clip_val=1.0: not supported .*KLStepControl"),
+        (["--trainer.val_check_interval", "0"], r"val_check_interval=0: allowed numbers > 0"),
     ],
 )
 def test_bad_command_line_values(args, match, tmp_path, capsys):

@@ -112,8 +112,19 @@ class PromptDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if not self.train_records and stage == "fit":
             self.train_records = self.train_source.load()
+            self._check_batch_fits()
         if not self.val_records and self.val_source is not None:
             self.val_records = self.val_source.load()
+
+    def _check_batch_fits(self) -> None:
+        """Each rank's share of the training set must hold one batch (batches are full: ``drop_last``)."""
+        world = self.trainer.world_size if self.trainer is not None else 1
+        n = len(self.train_records)
+        if n // world < self.batch_size:
+            per_rank = f", {n // world} per rank on {world} ranks" if world > 1 else ""
+            raise ConfigError(f"data.batch_size={self.batch_size}: larger than the training set ({n} prompts{per_rank}), "
+                              f"so there would be no training batch; choose data.batch_size <= {max(n // world, 1)} "
+                              "or give more training data")  # fmt: skip
 
     def use_tokenizer(self, tokenizer) -> bool:
         """Hand the policy's tokenizer to sources that render prompts with a chat template.
