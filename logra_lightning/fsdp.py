@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from typing import Any
@@ -151,5 +152,5 @@ def gather_update_factors(optimizer: torch.optim.Optimizer, updates: list[LowRan
             )
         rows = math.prod(p.shape[:-1])  # a 3-D expert weight is its [E*m, n] matrix
         left = sh.gather_chunks(u.left.contiguous(), shard, rows)  # [m, r] from every rank's [m_i, r]
-        out.append(LowRankUpdate(u.name, u.c, left, u.right))
+        out.append(dataclasses.replace(u, left=left))  # keeps the basis version
     return out

@@ -87,7 +87,7 @@ import torch
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.groups import normalize_params, split_named_params
-from logra_lightning.sync_wire import LowRankUpdate
+from logra_lightning.sync_wire import BasisVersions, LowRankUpdate
 
 _SIDES = ("auto", "left", "right")
 _REFRESH = ("randomized", "svd")
@@ -220,6 +220,7 @@ class LoGRA(torch.optim.Optimizer):
         self.skipped_updates = 0
         self.record_updates = False
         self._applied: list[list[LowRankUpdate]] = []
+        self._basis_versions = BasisVersions()  # recorded with each update: the engine may keep the basis
         self._pending: dict[torch.Tensor, dict[str, Any]] = {}
         self._prepared = False
         self._perturb_total = 0.0
@@ -613,7 +614,8 @@ class LoGRA(torch.optim.Optimizer):
                         pend["u"], pend.get("basis", st["basis"]), pend["side"], -eta * pend["lr"] * pend["scale"]
                     )
                     c = 1.0 - eta * pend["lr"] * pend["wd"]
-                    records.append(LowRankUpdate(names[id(p)], c, left.detach(), right.detach()))
+                    version = self._basis_versions.of(id(p), st["basis"])  # the basis this update used
+                    records.append(LowRankUpdate(names[id(p)], c, left.detach(), right.detach(), pend["side"], version))
                 if pend["next_basis"] is not None:
                     rot = sk.basis_rotation(st["basis"], pend["next_basis"])  # [r, r]
                     shard = self._shards.get(id(p))
