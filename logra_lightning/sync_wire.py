@@ -180,6 +180,49 @@ class BasisCache:
         return sum(tensor_nbytes(t) for _, t in self.bases.values())
 
 
+def wire_updates(
+    updates: Iterable[LowRankUpdate], held: dict[str, str], dtype: torch.dtype = torch.float32, keep_bases: bool = True
+) -> tuple[list[LowRankUpdate], dict[str, str]]:
+    """What to send an engine: each update with its factors in ``dtype``, without its basis where ``held``
+    (name -> basis version the engine holds) has that version.
+
+    Returns the updates and the new ``held`` (adopt it once the engine has applied them). With
+    ``keep_bases=False`` (an engine that keeps no bases) every update carries both factors.
+    """
+    held = dict(held)
+    out = []
+    for u in updates:
+        cast = {s: t.to(dtype) for s in _SIDES if (t := getattr(u, s)) is not None and t.dtype != dtype}
+        u = dataclasses.replace(u, **cast) if cast else u
+        if keep_bases and u.basis is not None:
+            if held.get(u.name) == u.version:
+                u = u.without_basis()
+            held[u.name] = u.version
+        out.append(u)
+    return out, held
+
+
+@torch.no_grad()
+def match_wire_rounding_(weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor, dtype: torch.dtype) -> None:
+    """``weight += round(L) @ round(R) - L @ R`` (rounding to ``dtype``): the sender's weights then change by
+    exactly the update the engine receives in ``dtype``.
+
+    One rank-``2r`` product ``[round(L) - L, L] @ [round(R); round(R) - R]``, so ``weight`` is rounded once.
+
+    Args:
+        weight: ``[m, n]`` (changed in place).
+        left: ``[m, r]``; right: ``[r, n]``, as applied to ``weight`` (in fp32).
+    """
+    left, right = left.float(), right.float()
+    left_r, right_r = left.to(dtype).float(), right.to(dtype).float()
+    a = torch.cat([left_r - left, left], dim=1)  # [m, 2r]
+    b = torch.cat([right_r, right_r - right], dim=0)  # [2r, n]
+    if weight.dtype == torch.float32:
+        weight.addmm_(a, b)
+    else:
+        weight.add_((a @ b).to(weight.dtype))
+
+
 PAYLOAD_FORMAT = "logra-sync-v2"
 
 

@@ -51,7 +51,7 @@ from typing_extensions import override
 from logra_lightning.errors import TrainingError
 from logra_lightning.fsdp import gather_update_factors
 from logra_lightning.phases import announce_phase
-from logra_lightning.sync_wire import LowRankUpdate, tensor_nbytes
+from logra_lightning.sync_wire import LowRankUpdate, match_wire_rounding_, tensor_nbytes, wire_updates
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -63,19 +63,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
-def _to_wire(u: LowRankUpdate, dtype: torch.dtype) -> LowRankUpdate:
-    """``u`` with its factors in the wire dtype."""
-    cast = {s: t.to(dtype) for s in ("left", "right") if (t := getattr(u, s)) is not None and t.dtype != dtype}
-    return dataclasses.replace(u, **cast) if cast else u
-
-
 @torch.no_grad()
 def _apply_wire_rounding(optimizer, updates: list[LowRankUpdate], dtype: torch.dtype) -> None:
-    """Add ``round(L) @ round(R) - L @ R`` to each updated weight: the trainer then holds what the engine gets.
+    """Make each weight hold what the engine gets: ``W += round(L) @ round(R) - L @ R`` (choice 5).
 
     ``updates`` are as LoGRA recorded them (under FSDP2 ``left`` holds this rank's rows, which are
-    also the rows of the weight here). One rank-``2r`` matmul per matrix:
-    ``[round(L) - L, L] @ [round(R); round(R) - R]``.
+    also the rows of the weight here).
     """
     optimizer = getattr(optimizer, "optimizer", optimizer)
     params = {n: p for g in optimizer.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
@@ -87,14 +80,7 @@ def _apply_wire_rounding(optimizer, updates: list[LowRankUpdate], dtype: torch.d
             continue
         if w.shape[0] != u.left.shape[0]:
             raise ValueError(f"{u.name}: left factor has {u.left.shape[0]} rows, the weight here {w.shape[0]}")
-        left, right = u.left.float(), u.right.float()  # [m_i, r], [r, n]
-        left_r, right_r = left.to(dtype).float(), right.to(dtype).float()
-        a = torch.cat([left_r - left, left], dim=1)  # [m_i, 2r]
-        b = torch.cat([right_r, right_r - right], dim=0)  # [2r, n]
-        if w.dtype == torch.float32:
-            w.addmm_(a, b)
-        else:
-            w.add_((a @ b).to(w.dtype))
+        match_wire_rounding_(w, u.left, u.right, dtype)
 
 
 class LowRankWeightSync(L.Callback):
@@ -313,15 +299,8 @@ class LowRankWeightSync(L.Callback):
         if self._held_by != id(engine):  # another engine (e.g. rebuilt): it holds nothing of ours
             self._held, self._held_by = {}, id(engine)
         keep = self.cache_bases and getattr(engine, "caches_bases", False)
-        held = dict(self._held)
-        wire = []
-        for u in updates:
-            u = _to_wire(dataclasses.replace(u, name=by_name.get(u.name, u.name)), _DTYPES[self.wire_dtype])
-            if keep and u.basis is not None:
-                if held.get(u.name) == u.version:
-                    u = u.without_basis()
-                held[u.name] = u.version
-            wire.append(u)
+        renamed = [dataclasses.replace(u, name=by_name.get(u.name, u.name)) for u in updates]
+        wire, held = wire_updates(renamed, self._held, _DTYPES[self.wire_dtype], keep_bases=keep)
         engine.apply_lowrank_updates(wire, dense)
         self._held = held
         sent = sum(u.nbytes for u in wire) + sum(tensor_nbytes(t) for _, t in dense)
