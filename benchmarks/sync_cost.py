@@ -234,10 +234,10 @@ def measure(size: str, run: dict) -> dict:
     }  # fmt: skip
 
 
-def _run_size(size: str, quick: bool) -> dict:
+def _run_size(size: str, quick: bool, extra: list[str]) -> dict:
     """``measure(size)`` in a fresh process (one engine per process); a failure becomes an error row."""
     t0 = time.perf_counter()
-    row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []), RESULTS / f".sync_worker_{size}.json")
+    row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []) + extra, RESULTS / f".sync_worker_{size}.json")
     return {**(row or {"ok": False, "error": err}), "wall_seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -347,10 +347,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="the tiny test model, rank 8")
     parser.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
     parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sync_cost[_quick].json)")
+    parser.add_argument("--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    run = RUN["quick" if args.quick else "full"]
+    run = dict(RUN["quick" if args.quick else "full"])
+    if args.steps is not None:
+        if args.steps < 2:
+            raise SystemExit(f"--steps {args.steps}: need >= 2 (a sync with bases, then coefficients)")
+        run["steps"] = {size: args.steps for size in run["steps"]}
     if args.worker:
         Path(args.worker_out).write_text(json.dumps(measure(args.worker, run)))
         return {}
@@ -364,7 +369,7 @@ def main(argv=None) -> dict:
     started, load_start = time.perf_counter(), load_average()
     rows = {}
     for size in sizes:
-        rows[size] = _run_size(size, args.quick)
+        rows[size] = _run_size(size, args.quick, [] if args.steps is None else ["--steps", str(args.steps)])
         r = rows[size]
         print(f"{size}: " + (f"with bases {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
                              f"coefficients {r['coefficient_sync']['float32']['bytes'] / 1e6:.1f} MB "
