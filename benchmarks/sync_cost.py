@@ -1,23 +1,38 @@
-"""Cost of keeping a vLLM engine in step with the trainer: low-rank factors vs full weights, per model size.
+"""Cost of keeping a vLLM engine in step with the trainer: full weights, low-rank factors, coefficients only.
 
 Run (full: the ~25M / ~100M / ~400M Qwen2 shapes of ``optimizer_memory.py``, rank 64, each size
-in its own process; about 5 min on 2 cores):
+in its own process; about 12 min on 2 cores):
 
     .venv/bin/python benchmarks/sync_cost.py
     .venv/bin/python benchmarks/sync_cost.py --sizes 100m     # one size
     .venv/bin/python benchmarks/sync_cost.py --quick          # the tiny test model, rank 8 (~1 min)
 
 Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings
-included) on random tokens; after each step the applied update goes to a real ``VLLMEngine``
-(fp32, CPU build here) as factors plus the dense params, exactly as
-:class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it. Then a full sync
-of every parameter is timed for comparison. Reported per sync: bytes handed to the engine
-(tensor payload; ``payload_bytes`` adds safetensors framing), wall seconds (serialize + RPC +
-the worker applying it, which on vLLM's CPU backend includes rebuilding the repacked weights
-of every changed module), and the drift: mean/max ``|engine - trainer|`` logprob of tokens
-the engine sampled after the last low-rank sync. A size that fails is recorded with its error.
-Results go to ``benchmarks/results/sync_cost[_quick].json`` (``headline_size``: the row the
-README headline quotes).
+included, ``update_proj_gap`` small so that refreshes happen within the run) on random tokens;
+after each step the applied update goes to a real ``VLLMEngine`` (fp32, CPU build here) exactly
+as :class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it
+(:func:`~logra_lightning.sync_wire.wire_updates`): the engine keeps each matrix's basis, so a
+sync carries bases only when the engine lacks the current version (the first sync, the one
+after a refresh) and only coefficients otherwise. This runs three times from a full sync, once
+per wire format:
+
+* ``float32``; ``bfloat16`` with ``match_rounding`` (the trainer also applies the rounded
+  update, :func:`~logra_lightning.sync_wire.match_wire_rounding_`); ``bfloat16_unmatched``
+  (the engine gets the rounded update, the trainer keeps its own).
+
+Reported per sync: bytes handed to the engine (tensor payload; ``payload_bytes`` adds
+safetensors framing), wall seconds (serialize + RPC + the worker applying it, which on vLLM's CPU
+backend includes rebuilding the repacked weights of every changed module), split by kind (with
+bases / coefficients only); the average bytes per step over a refresh period of ``G`` steps (one
+sync with bases, ``G - 1`` with coefficients only) for ``G`` in ``GAPS``; and the drift: mean/max
+``|engine - trainer|`` logprob of tokens the engine sampled, after 1, 2, 4, ... syncs, next to how
+far the policy moved in the run. Full syncs are timed for comparison. A size that fails is
+recorded with its error. Results go to ``benchmarks/results/sync_cost[_quick].json``
+(``headline_size``: the row the README headline quotes).
+
+Keys kept from the earlier schema: ``lowrank_sync`` (fp32, a sync with bases), ``full_sync``,
+``bytes_ratio`` (``lowrank_sync`` / full), ``logprob_gap_after_lowrank_syncs`` (fp32 run),
+``logprob_gap_after_full_sync``.
 """
 
 from __future__ import annotations
@@ -38,8 +53,12 @@ from benchmarks.report import MB, Report, clip, load_text, num, table  # noqa: E
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
-RUN = {"full": dict(rank=64, steps=3, full_syncs=2, batch=2, seq=32, threads=2),
-       "quick": dict(rank=8, steps=3, full_syncs=2, batch=4, seq=16, threads=1)}  # fmt: skip
+GAPS = (50, 100, 200)  # refresh periods the per-step average is given for (configs use 50-100; LoGRA's default 200)
+FORMATS = {"float32": ("float32", False), "bfloat16": ("bfloat16", True), "bfloat16_unmatched": ("bfloat16", False)}
+RUN = {"full": dict(rank=64, steps={"25m": 16, "100m": 8, "400m": 6}, update_proj_gap=3, full_syncs=2, batch=2,
+                    seq=32, threads=2, lr=1e-3),
+       "quick": dict(rank=8, steps={"tiny": 4}, update_proj_gap=3, full_syncs=2, batch=4, seq=16, threads=1,
+                     lr=1e-3)}  # fmt: skip
 QUICK_SIZE = "tiny"  # build_tiny_model: the test model and char tokenizer
 
 
@@ -63,26 +82,102 @@ def build_model_dir(size: str, path: Path) -> str:
     return str(path)
 
 
-def drift(engine, policy, prompts, n: int = 4) -> tuple[float, float]:
-    """Mean / max ``|engine - trainer|`` logprob of ``n`` sampled 16-token completions per prompt."""
-    import torch
-
+def sample(engine, prompts, n: int = 4):
+    """``n`` seeded 16-token completions per prompt from the engine, with the engine's logprobs."""
     from logra_lightning.rollout import SamplingConfig
 
-    out = engine.generate(prompts, n=n, sampling=SamplingConfig(max_new_tokens=16, temperature=1.0, seed=0))
-    diffs = []
+    return engine.generate(prompts, n=n, sampling=SamplingConfig(max_new_tokens=16, temperature=1.0, seed=0))
+
+
+def trainer_logprobs(policy, rollout) -> list:
+    """The trainer's logprob ``[T]`` of every sampled token of ``rollout``."""
+    import torch
+
+    out = []
     with torch.no_grad():
-        for i, (ids, lps) in enumerate(zip(out.completion_ids, out.logprobs)):
-            prompt = out.prompt_ids[i // n]
+        for i, ids in enumerate(rollout.completion_ids):
+            prompt = rollout.prompt_ids[i // rollout.n]
             logits = policy(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
-            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)  # [T]
-            diffs.append((torch.tensor(lps) - ref).abs())
-    d = torch.cat(diffs)
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1))  # [T]
+    return out
+
+
+def gap(a: list, b: list) -> tuple[float, float]:
+    """Mean / max ``|a - b|`` over all tokens (lists of per-completion logprob tensors or lists)."""
+    import torch
+
+    d = torch.cat([(torch.as_tensor(x) - torch.as_tensor(y)).abs() for x, y in zip(a, b)])
     return d.mean().item(), d.max().item()
 
 
+def drift(engine, policy, prompts) -> tuple[float, float]:
+    """Mean / max ``|engine - trainer|`` logprob of ``n`` sampled 16-token completions per prompt."""
+    out = sample(engine, prompts)
+    return gap(out.logprobs, trainer_logprobs(policy, out))
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    return statistics.median(r[key] for r in rows) if rows else None
+
+
+def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g) -> dict:
+    """From a full sync, ``steps`` LoGRA steps each synced in ``wire`` format; bytes, seconds and drift."""
+    import torch
+
+    from logra_lightning.sync_wire import match_wire_rounding_, tensor_nbytes, wire_updates
+
+    dtype_name, match = FORMATS[wire]
+    dtype = getattr(torch, dtype_name)
+    params = dict(policy.named_parameters())
+    dense_names = set(opt.dense_param_names())
+    vocab = policy.config.vocab_size
+    engine.load_weights(policy.named_parameters())  # start in step
+    start = sample(engine, prompts)  # the policy at the start, as the engine samples it
+    held: dict[str, str] = {}
+    syncs, drifts = [], []
+    checkpoints = {k for k in (1, 2, 4, 8, 16, 32) if k <= steps} | {steps}
+    for k in range(1, steps + 1):
+        ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
+        policy(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        updates = [u for step in opt.pop_applied_updates() for u in step]
+        t = time.perf_counter()
+        if match:
+            with torch.no_grad():
+                for u in updates:
+                    match_wire_rounding_(params[u.name].view(-1, params[u.name].shape[-1]), u.left, u.right, dtype)
+        match_seconds = time.perf_counter() - t
+        sent, held_next = wire_updates(updates, held, dtype)
+        dense = [(n, params[n].detach()) for n in dense_names]
+        t = time.perf_counter()
+        engine.apply_lowrank_updates(sent, dense)
+        seconds = time.perf_counter() - t
+        held = held_next
+        basis_bytes = sum(u.basis_nbytes for u in sent)
+        syncs.append({"kind": "with_bases" if basis_bytes else "coefficients", "bases": sum(u.basis_nbytes > 0 for u in sent),
+                      "bytes": sum(u.nbytes for u in sent) + sum(tensor_nbytes(v) for _, v in dense),
+                      "basis_bytes": basis_bytes, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds,
+                      "match_seconds": match_seconds if match else None})  # fmt: skip
+        if k in checkpoints:
+            mean, worst = drift(engine, policy, prompts)
+            drifts.append({"syncs": k, "mean": mean, "max": worst})
+    moved = gap(trainer_logprobs(policy, start), start.logprobs)
+    by_kind = {kind: [r for r in syncs if r["kind"] == kind] for kind in ("with_bases", "coefficients")}
+    summary = {kind: {"syncs": len(rows), "bytes": rows[-1]["bytes"] if rows else None,
+                      "payload_bytes": rows[-1]["payload_bytes"] if rows else None,
+                      "seconds_median": _median(rows, "seconds")} for kind, rows in by_kind.items()}  # fmt: skip
+    return {
+        "wire_dtype": dtype_name, "match_rounding": match, "steps": steps, **summary,
+        "match_seconds_median": _median(syncs, "match_seconds") if match else None,
+        "drift": drifts, "drift_max": max(d["max"] for d in drifts),
+        "policy_moved": {"mean": moved[0], "max": moved[1]},
+        "each": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in syncs],
+    }  # fmt: skip
+
+
 def measure(size: str, run: dict) -> dict:
-    """Low-rank syncs after real LoGRA steps, then full syncs, into one fresh engine; one size."""
+    """Full syncs, then each wire format's low-rank syncs after real LoGRA steps, into one fresh engine; one size."""
     import torch
 
     torch.set_num_threads(run["threads"])
@@ -97,29 +192,13 @@ def measure(size: str, run: dict) -> dict:
     t0 = time.perf_counter()
     engine = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
     start_seconds = time.perf_counter() - t0
-    opt = LoGRA(list(policy.named_parameters()), lr=1e-3, weight_decay=0.01, rank=run["rank"], update_proj_gap=200)
+    opt = LoGRA(list(policy.named_parameters()), lr=run["lr"], weight_decay=0.01, rank=run["rank"],
+                update_proj_gap=run["update_proj_gap"])  # fmt: skip
     opt.record_updates = True
-    dense_names = set(opt.dense_param_names())
-    params = dict(policy.named_parameters())
     g = torch.Generator().manual_seed(0)
     vocab = policy.config.vocab_size
     prompts = [torch.randint(3, min(vocab, 100), (8,), generator=g).tolist() for _ in range(2)]
 
-    engine.load_weights(policy.named_parameters())  # start in step
-    lowrank = []
-    for _ in range(run["steps"]):
-        ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
-        policy(ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        updates = [u for step in opt.pop_applied_updates() for u in step]
-        dense = [(n, params[n].detach()) for n in dense_names]
-        t = time.perf_counter()
-        engine.apply_lowrank_updates(updates, dense)
-        seconds = time.perf_counter() - t
-        sent = sum(u.nbytes for u in updates) + sum(tensor_nbytes(v) for _, v in dense)
-        lowrank.append({"bytes": sent, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds})
-    gap_lowrank = drift(engine, policy, prompts)
     full = []
     for _ in range(run["full_syncs"]):
         t = time.perf_counter()
@@ -127,28 +206,40 @@ def measure(size: str, run: dict) -> dict:
         full.append({"bytes": sum(map(tensor_nbytes, policy.parameters())),
                      "payload_bytes": engine.last_sync["bytes"], "seconds": time.perf_counter() - t})  # fmt: skip
     gap_full = drift(engine, policy, prompts)
+    formats = {wire: run_format(engine, policy, opt, wire, run["steps"][size], run, prompts, g) for wire in FORMATS}
     engine.close()
     tmp.cleanup()
+    full_bytes = full[-1]["bytes"]
+    fp32, bf16 = formats["float32"], formats["bfloat16"]
+    per_step = {}
+    for wire, f in formats.items():
+        if f["with_bases"]["bytes"] is None or f["coefficients"]["bytes"] is None:
+            continue
+        per_step[wire] = {str(G): (f["with_bases"]["bytes"] + (G - 1) * f["coefficients"]["bytes"]) / G / full_bytes
+                          for G in GAPS}  # fmt: skip
+    fp32_gap = fp32["drift"][-1]
     return {
         "ok": True, "params": sum(p.numel() for p in policy.parameters()), "rank": run["rank"],
         "engine": {"dtype": "float32", "sync_mode": engine.init_info["mode"],
                    "reload_modules": engine.init_info["reload_modules"], "start_seconds": round(start_seconds, 1)},
-        "lowrank_sync": {"bytes": lowrank[-1]["bytes"], "payload_bytes": lowrank[-1]["payload_bytes"],
-                         "seconds_median": statistics.median(r["seconds"] for r in lowrank),
-                         "seconds_each": [round(r["seconds"], 3) for r in lowrank]},
-        "full_sync": {"bytes": full[-1]["bytes"], "payload_bytes": full[-1]["payload_bytes"],
+        "full_sync": {"bytes": full_bytes, "payload_bytes": full[-1]["payload_bytes"],
                       "seconds_median": statistics.median(r["seconds"] for r in full),
                       "seconds_each": [round(r["seconds"], 3) for r in full]},
-        "bytes_ratio": lowrank[-1]["bytes"] / full[-1]["bytes"],
-        "logprob_gap_after_lowrank_syncs": {"mean": gap_lowrank[0], "max": gap_lowrank[1], "syncs": run["steps"]},
+        "lowrank_sync": {**fp32["with_bases"], "seconds_each": [r["seconds"] for r in fp32["each"] if r["kind"] == "with_bases"]},
+        "bytes_ratio": fp32["with_bases"]["bytes"] / full_bytes,
+        "coefficient_sync": {"float32": fp32["coefficients"], "bfloat16": bf16["coefficients"]},
+        "coefficient_bytes_ratio": {w: formats[w]["coefficients"]["bytes"] / full_bytes for w in ("float32", "bfloat16")},
+        "bytes_per_step_ratio": per_step,
+        "wire_formats": formats,
+        "logprob_gap_after_lowrank_syncs": {"mean": fp32_gap["mean"], "max": fp32_gap["max"], "syncs": fp32_gap["syncs"]},
         "logprob_gap_after_full_sync": {"mean": gap_full[0], "max": gap_full[1]},
     }  # fmt: skip
 
 
-def _run_size(size: str, quick: bool) -> dict:
+def _run_size(size: str, quick: bool, extra: list[str]) -> dict:
     """``measure(size)`` in a fresh process (one engine per process); a failure becomes an error row."""
     t0 = time.perf_counter()
-    row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []), RESULTS / f".sync_worker_{size}.json")
+    row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []) + extra, RESULTS / f".sync_worker_{size}.json")
     return {**(row or {"ok": False, "error": err}), "wall_seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -156,54 +247,95 @@ def _run_size(size: str, quick: bool) -> dict:
 
 
 def section(res: dict) -> tuple[list[str], dict]:
-    """Low-rank vs full sync per model size; the headline size's row is what the headline quotes."""
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, at end "
-           f"{load_text(res['load_end'])}. Run `{json.dumps(res['run'])}`, versions {json.dumps(res['versions'])}; fp32 engine "
-           "(vLLM CPU build), one engine per size in its own process.", ""]  # fmt: skip
+    """Bytes and seconds per sync (full, with bases, coefficients fp32/bf16), bytes per step, drift per wire format."""
+    run = res["run"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start "
+           f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. "
+           f"Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so that refreshes happen), "
+           f"LoGRA steps per wire format {json.dumps(run['steps'])}, versions {json.dumps(res['versions'])}; fp32 engine "
+           "(vLLM CPU build) keeping each matrix's basis, one engine per size in its own process. \"with bases\": a "
+           "sync after a basis refresh (both factors); \"coefficients\": the other syncs (the engine holds the basis). "
+           f"Bytes per step: one sync with bases and `G - 1` with coefficients per refresh period `G` "
+           f"({', '.join(map(str, res['gaps']))}).", ""]  # fmt: skip
     rows = []
     for size, r in res["sizes"].items():
         if not r["ok"]:
-            rows.append([size, "failed: " + clip(r["error"], 160)] + [""] * 8)
+            rows.append([size, "failed: " + clip(r["error"], 160)] + [""] * 9)
             continue
-        lo, full, gap = r["lowrank_sync"], r["full_sync"], r["logprob_gap_after_lowrank_syncs"]
-        rows.append([size, num(r["params"] / 1e6, ".1f"), str(r["rank"]), num(lo["bytes"] / MB, ".1f"),
-                     num(full["bytes"] / MB, ".1f"), f"**{r['bytes_ratio']:.3f}**", num(lo["seconds_median"], ".2f"),
-                     num(full["seconds_median"], ".2f"), f"{gap['mean']:.1e} / {gap['max']:.1e}",
-                     num(r["engine"]["start_seconds"], ".0f")])  # fmt: skip
-    out += table(["size", "params (M)", "rank", "low-rank MB", "full MB", "bytes ratio", "low-rank s (median)",
-                  "full s (median)", f"logprob gap after {res['run']['steps']} low-rank syncs (mean / max)",
-                  "engine start s"], rows) + [""]  # fmt: skip
+        full, co = r["full_sync"], r["coefficient_sync"]
+        per_step = r["bytes_per_step_ratio"]
+        rows.append([size, num(r["params"] / 1e6, ".1f"), f"{full['bytes'] / 1e6:.0f} MB, {full['seconds_median']:.2f} s",
+                     f"{r['lowrank_sync']['bytes'] / 1e6:.1f} MB ({r['bytes_ratio']:.3f}), {num(r['lowrank_sync']['seconds_median'], '.2f')} s",
+                     f"{co['float32']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['float32']:.3f}), "
+                     f"{num(co['float32']['seconds_median'], '.2f')} s",
+                     f"{co['bfloat16']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['bfloat16']:.3f}), "
+                     f"{num(co['bfloat16']['seconds_median'], '.2f')} s",
+                     " / ".join(f"{per_step['float32'][str(G)]:.3f}" for G in res["gaps"]),
+                     " / ".join(f"{per_step['bfloat16'][str(G)]:.3f}" for G in res["gaps"])])  # fmt: skip
+    gaps = "/".join(map(str, res["gaps"]))
+    out += table(["size", "params (M)", "full sync", "with bases fp32 (× full)", "coefficients fp32 (× full)",
+                   "coefficients bf16 (× full)", f"bytes per step fp32, G={gaps} (× full)",
+                   f"bytes per step bf16, G={gaps} (× full)"], rows) + [""]  # fmt: skip
+    out += ["Engine-vs-trainer drift, |logprob| of sampled tokens (mean / max), after N low-rank syncs from a full sync; "
+            "\"moved\": mean |logprob change| of the run's policy on the same tokens (how large the synced updates were). "
+            "`bfloat16`: the trainer applies the rounded update too (`match_rounding=True`, the default), "
+            "`bfloat16_unmatched`: it does not. Full sync: drift "
+            + ", ".join(f"{size} {r['logprob_gap_after_full_sync']['max']:.1e}" for size, r in res["sizes"].items() if r["ok"])
+            + " (max).", ""]  # fmt: skip
+    rows = []
+    for size, r in res["sizes"].items():
+        if not r["ok"]:
+            continue
+        for wire, f in r["wire_formats"].items():
+            match = f" (+{f['match_seconds_median']:.3f} s trainer)" if f.get("match_seconds_median") is not None else ""
+            rows.append([size, wire, "; ".join(f"{d['syncs']}: {d['mean']:.1e} / {d['max']:.1e}" for d in f["drift"]),
+                         f"{f['policy_moved']['mean']:.3f}", f"{num(f['coefficients']['seconds_median'], '.2f')} s{match}"])  # fmt: skip
+    out += table(["size", "wire", "drift after N syncs (N: mean / max)", "moved", "coefficient sync s"], rows) + [""]
     head = res["sizes"].get(res["headline_size"], {})
     return out, head if head.get("ok") else None
 
 
 def plot(res: dict, plt):
-    """Bytes and seconds per sync, low-rank vs full, per size."""
+    """Bytes and seconds per sync per size and kind; drift against the number of syncs per wire format."""
     rows = {size: r for size, r in res["sizes"].items() if r["ok"]}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    x, width = range(len(rows)), 0.38
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    kinds = [("full", lambda r: r["full_sync"]), ("with bases", lambda r: r["lowrank_sync"]),
+             ("coef fp32", lambda r: r["coefficient_sync"]["float32"]), ("coef bf16", lambda r: r["coefficient_sync"]["bfloat16"])]
+    x, width = range(len(rows)), 0.2
     for ax, key, title in ((axes[0], "bytes", "MB sent per sync"), (axes[1], "seconds_median", "seconds per sync (median)")):
         scale = 1e6 if key == "bytes" else 1.0
-        for i, (kind, label) in enumerate((("lowrank_sync", "low-rank"), ("full_sync", "full"))):
-            ax.bar([j + (i - 0.5) * width for j in x], [r[kind][key] / scale for r in rows.values()], width,
+        for i, (label, get) in enumerate(kinds):
+            ax.bar([j + (i - 1.5) * width for j in x], [(get(r)[key] or 0) / scale for r in rows.values()], width,
                    label=label, color=f"C{i}")  # fmt: skip
         ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
         ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=8)
-    fig.suptitle("Weight sync to a vLLM engine (fp32, CPU): low-rank factors vs full weights", fontsize=10)
+        ax.legend(fontsize=7)
+    for i, (size, r) in enumerate(rows.items()):
+        for wire, style in (("float32", "-"), ("bfloat16", "--"), ("bfloat16_unmatched", ":")):
+            d = r["wire_formats"][wire]["drift"]
+            axes[2].plot([p["syncs"] for p in d], [max(p["max"], 1e-8) for p in d], style, marker="o", color=f"C{i}",
+                         label=f"{size} {wire}")  # fmt: skip
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_yscale("log")
+    axes[2].set_xlabel("low-rank syncs since the last full sync", fontsize=8)
+    axes[2].set_title("max |engine - trainer| logprob", fontsize=9)
+    axes[2].legend(fontsize=6, ncol=1)
+    fig.suptitle("Weight sync to a vLLM engine (fp32, CPU): full weights, factors with bases, coefficients only", fontsize=10)
     return fig
 
 
 def headline(found: dict) -> list[str]:
-    """The headline bullet: bytes and seconds of a low-rank sync against a full one at the headline size."""
+    """The headline bullet: bytes per step and seconds of a coefficient sync against a full one."""
     s = found.get("sync_cost")
     if not s:
         return []
-    return [f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: low-rank sends **{s['bytes_ratio']:.3f}×** "
-            "the bytes of a full sync "
-            f"({s['lowrank_sync']['seconds_median']:.2f} s vs {s['full_sync']['seconds_median']:.2f} s) "
-            "([table](#weight-sync-to-vllm))."]  # fmt: skip
+    per_step = s["bytes_per_step_ratio"]["float32"]
+    worst = max(per_step.values())
+    return [f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: a step's sync sends **{worst:.3f}×** "
+            f"the bytes of a full sync in fp32 ({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
+            f"in bf16), averaged over a refresh period ({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
+            f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."]  # fmt: skip
 
 
 REPORTS = {"sync_cost": Report("Weight sync to vLLM", section, plot, headline)}
@@ -214,10 +346,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="the tiny test model, rank 8")
     parser.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
     parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sync_cost[_quick].json)")
+    parser.add_argument("--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    run = RUN["quick" if args.quick else "full"]
+    run = dict(RUN["quick" if args.quick else "full"])
+    if args.steps is not None:
+        if args.steps < 2:
+            raise SystemExit(f"--steps {args.steps}: need >= 2 (a sync with bases, then coefficients)")
+        run["steps"] = {size: args.steps for size in run["steps"]}
     if args.worker:
         Path(args.worker_out).write_text(json.dumps(measure(args.worker, run)))
         return {}
@@ -231,16 +368,20 @@ def main(argv=None) -> dict:
     started, load_start = time.perf_counter(), load_average()
     rows = {}
     for size in sizes:
-        rows[size] = _run_size(size, args.quick)
+        rows[size] = _run_size(size, args.quick, [] if args.steps is None else ["--steps", str(args.steps)])
         r = rows[size]
-        print(f"{size}: " + (f"low-rank {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
-                             f"full {r['full_sync']['bytes'] / 1e6:.1f} MB {r['full_sync']['seconds_median']:.2f} s"
+        print(f"{size}: " + (f"with bases {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
+                             f"coefficients {r['coefficient_sync']['float32']['bytes'] / 1e6:.1f} MB "
+                             f"{r['coefficient_sync']['float32']['seconds_median']:.2f} s (bf16 "
+                             f"{r['coefficient_sync']['bfloat16']['bytes'] / 1e6:.1f} MB), "
+                             f"full {r['full_sync']['bytes'] / 1e6:.1f} MB {r['full_sync']['seconds_median']:.2f} s; drift max "
+                             + ", ".join(f"{w} {f['drift_max']:.1e}" for w, f in r["wire_formats"].items())
                              if r["ok"] else f"FAILED {r['error'][-300:]}"), flush=True)  # fmt: skip
     result = {
         "command": "python benchmarks/sync_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "wall_seconds": round(time.perf_counter() - started, 1), "load_start": load_start, "load_end": load_average(),
         "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "python": platform.python_version()},
-        "torch_threads": run["threads"], "run": run,
+        "torch_threads": run["threads"], "run": run, "gaps": list(GAPS),
         "shapes": {s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in sizes},
         "headline_size": HEADLINE if HEADLINE in rows else sizes[0],
         "sizes": rows,

@@ -37,7 +37,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from logra_lightning._util import local
+from logra_lightning._util import WarnOnce, local
 from logra_lightning.errors import TrainingError
 from logra_lightning.rewards.base import safe_rewards
 from logra_lightning.rollout.base import Rollout
@@ -125,7 +125,7 @@ class FaultPolicy:
         self.skipped_steps = 0
         self.skipped_batches = 0
         self.consecutive_skips = 0
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce(rank_zero_warn)
 
     def score(self, reward_fn: Callable, prompts: list[str], completions: list[str], answers: list[str],
               step: int) -> torch.Tensor:  # fmt: skip
@@ -160,13 +160,11 @@ class FaultPolicy:
             self.skipped_batches += 1
         self.consecutive_skips += 1
         limit = self.max_consecutive_skips
-        if kind not in self._warned:
-            self._warned.add(kind)
-            what = "optimizer step skipped (counted in health/skipped_steps)" if kind == "step" else (
-                f"batch skipped (counted in health/skipped_batches; raise model.max_new_tokens="
-                f"{self.max_new_tokens} if completions are cut off)")  # fmt: skip
-            rank_zero_warn(f"{why} at global step {step}: {what}. Warned once; training stops after "
-                           f"more than {limit} consecutive skips (model.max_consecutive_skips).")  # fmt: skip
+        what = "optimizer step skipped (counted in health/skipped_steps)" if kind == "step" else (
+            f"batch skipped (counted in health/skipped_batches; raise model.max_new_tokens="
+            f"{self.max_new_tokens} if completions are cut off)")  # fmt: skip
+        self._warn_once(kind, f"{why} at global step {step}: {what}. Warned once; training stops after "
+                              f"more than {limit} consecutive skips (model.max_consecutive_skips).")  # fmt: skip
         if limit is not None and self.consecutive_skips > limit:
             path = halt_checkpoint(trainer, step)
             raise TrainingError(

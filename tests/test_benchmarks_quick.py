@@ -184,6 +184,19 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     assert row["ok"], row.get("error")
     assert {"bytes", "seconds_median"} <= set(row["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(row["full_sync"])
     assert isinstance(row["bytes_ratio"], float) and {"mean", "max"} <= set(row["logprob_gap_after_lowrank_syncs"])
+    coef = row["coefficient_bytes_ratio"]  # the engine keeps the bases: most syncs carry coefficients only
+    assert coef["bfloat16"] < coef["float32"] < row["bytes_ratio"]
+    assert set(row["wire_formats"]) == {"float32", "bfloat16", "bfloat16_unmatched"}
+    assert all(f["with_bases"]["syncs"] >= 1 and f["coefficients"]["syncs"] >= 1 for f in row["wire_formats"].values())
+    assert row["wire_formats"]["float32"]["drift_max"] <= 1e-4 and row["wire_formats"]["bfloat16"]["drift_max"] <= 1e-4
+    lines, _ = sync_cost.section(res)
+    assert any("coefficients bf16" in line for line in lines)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.close(sync_cost.plot(res, plt))
     assert plots.main(["--quick", "--results", str(tmp_path)])[0].name == "sync_cost_quick.png"
     text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
     assert "low-rank sends" in text and "bytes ratio" in text

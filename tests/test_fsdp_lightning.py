@@ -225,6 +225,11 @@ def _sharded_worker(rank: int, model_dir: str, out_dir: str) -> None:
             (updates,) = opt.pop_applied_updates()
         gathered = gather_update_factors(opt, updates)
         after = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
+        # a bf16 wire with match_rounding: each rank adds round(L) @ round(R) - L @ R to its own rows
+        from logra_lightning.callbacks.weight_sync import _apply_wire_rounding
+
+        _apply_wire_rounding(opt, updates, torch.bfloat16)
+        rounded = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
 
         # the calls of Lightning's ModelParallelStrategy.save_checkpoint / load_checkpoint
         dcp.save({"optimizer_0": get_optimizer_state_dict(model, opt, options=StateDictOptions(cpu_offload=True))},
@@ -243,7 +248,8 @@ def _sharded_worker(rank: int, model_dir: str, out_dir: str) -> None:
         }
         if rank == 0:
             record.update(updates=[(u.name, u.c, u.left, u.right) for u in gathered],
-                          local_rows=[u.left.shape[0] for u in updates], before=before, after=after)  # fmt: skip
+                          local_rows=[u.left.shape[0] for u in updates], before=before, after=after,
+                          rounded=rounded)  # fmt: skip
         torch.save(record, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -278,6 +284,10 @@ def test_gather_update_factors_rebuilds_the_sharded_step(sharded_run):
         assert diff <= 1e-6, f"{name}: gathered factors miss the sharded step by {diff:.2e}"
         sides.add(resolve_side("auto", (m, n)))
     assert sides == {"left", "right"}  # both factor layouts were gathered
+    for name, c, left, right in rec["updates"]:  # what the engine gets from a bf16 wire, and the trainer now holds
+        on_wire = c * before[name] + left.bfloat16().float() @ right.bfloat16().float()
+        assert float((on_wire - rec["rounded"][name]).abs().max()) <= 1e-6, name
+        assert not torch.equal(rec["rounded"][name], after[name]), name
     assert len(rec["updates"]) == sum(len(before[n].shape) == 2 for n in before)  # every matrix
 
 

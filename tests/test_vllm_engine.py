@@ -64,16 +64,16 @@ def test_payload_round_trip():
     dense = [("a.bias", torch.randn(10, generator=g).to(torch.bfloat16))]
     payload = pack_payload(updates, dense)
     assert len(payload) < 10 * 2 * 4 + 2 * 3 * 4 + 10 * 2 + 512  # no whole storage, small header
-    (name, c, left, right), = unpack_payload(payload)[0]
-    assert (name, c) == ("a.weight", 0.99)
-    torch.testing.assert_close(left, big[:, :2])
-    torch.testing.assert_close(right, updates[0].right)
+    (got,), _ = unpack_payload(payload)
+    assert (got.name, got.c, got.basis, got.version) == ("a.weight", 0.99, None, None)
+    torch.testing.assert_close(got.left, big[:, :2])
+    torch.testing.assert_close(got.right, updates[0].right)
     (dname, dval), = unpack_payload(payload)[1]
     assert dname == "a.bias" and dval.dtype == torch.bfloat16 and torch.equal(dval, dense[0][1])
     from safetensors.torch import save
 
     twice = pack_payload(updates * 2)  # the same tensors twice (safetensors refuses shared memory unless copied)
-    assert [n for n, *_ in unpack_payload(twice)[0]] == ["a.weight", "a.weight"]
+    assert [u.name for u in unpack_payload(twice)[0]] == ["a.weight", "a.weight"]
     with pytest.raises(ValueError, match="not a weight-sync payload"):
         unpack_payload(save({"x": torch.zeros(1)}))
 
@@ -380,9 +380,14 @@ def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engin
     assert means.max() <= 1e-3, f"engine drifted: per-step mean |diff| {means.tolist()}"
     moved = logprob_gap(module.last_rollout, start, temperature=1.0).mean()
     assert moved > 1e-2, f"policy barely moved in 50 steps (mean |logprob change| {moved:.2e})"
+    # the workers keep each basis: it goes with the first sync and after each refresh (steps 2, 12, ..., 42:
+    # update_proj_gap 10), the other 44 syncs carry only the coefficient
     rank_bytes = sum(8 * sum(p.shape) * 4 if p.ndim == 2 else p.numel() * 4 for p in policy.parameters())
+    coef_bytes = sum(8 * min(p.shape) * 4 if p.ndim == 2 else p.numel() * 4 for p in policy.parameters())
     dense_bytes = sum(p.numel() * 4 for p in policy.parameters())
-    assert math.isclose(sync.total_bytes, dense_bytes + 50 * rank_bytes)
-    assert rank_bytes / dense_bytes <= 0.15
+    assert math.isclose(sync.total_bytes, dense_bytes + 6 * rank_bytes + 44 * coef_bytes)
+    assert rank_bytes / dense_bytes <= 0.15 and coef_bytes / dense_bytes <= 0.08
+    assert maxes.max() <= 1e-4, f"engine drifted: per-step max |diff| {maxes.tolist()}"
     print(f"\n50 low-rank syncs: worst per-step mean |diff| {means.max():.2e}, worst max |diff| {maxes.max():.2e}, "
-          f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f}")  # with -s
+          f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f} with bases, "
+          f"{coef_bytes / dense_bytes:.4f} coefficients only")  # with -s

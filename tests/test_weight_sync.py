@@ -9,6 +9,8 @@ Run: ``.venv/bin/python -m pytest tests/test_weight_sync.py -q``
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import lightning as L
 import pytest
 import torch
@@ -19,7 +21,7 @@ from torch.utils.data import DataLoader
 from logra_lightning.callbacks.weight_sync import LowRankWeightSync
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 from logra_lightning.optim import LoGRA
-from logra_lightning.rollout import HFEngine
+from logra_lightning.rollout import HFEngine, LowRankUpdate
 
 torch.set_num_threads(1)
 
@@ -118,12 +120,22 @@ def assert_engine_matches_policy(module, atol: float = 1e-5) -> None:
         torch.testing.assert_close(engine[name], p, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
-def expected_lowrank_bytes(policy) -> int:
-    """Rank accounting: r*(m+n) fp32 numbers per matrix, plus every dense (1-D) param's value."""
+def expected_lowrank_bytes(policy, basis: bool = True, wire_bytes: int = 4) -> int:
+    """Rank accounting per matrix: with its basis r*(m+n) numbers, the coefficient alone r*min(m, n)
+    (right sketch [m, r] when m <= n, else left [r, n]); plus every dense (1-D) param's fp32 value."""
     total = 0
     for _, p in policy.named_parameters():
-        total += RANK * sum(p.shape) * 4 if p.ndim == 2 else p.numel() * p.element_size()
+        if p.ndim == 2:
+            total += RANK * (sum(p.shape) if basis else min(p.shape)) * wire_bytes
+        else:
+            total += p.numel() * p.element_size()
     return total
+
+
+def basis_steps(steps: int, gap: int = 3) -> list[bool]:
+    """Which low-rank syncs carry bases: the first, and each one after a refresh (completed steps k % gap == 0,
+    the new basis used from step k + 2 on)."""
+    return [k == 1 or (k - 2) % gap == 0 for k in range(1, steps + 1)]
 
 
 def test_lowrank_syncs_keep_engine_equal_to_trainer(tiny_path):
@@ -137,8 +149,12 @@ def test_lowrank_syncs_keep_engine_equal_to_trainer(tiny_path):
     dense = sum(p.numel() * 4 for p in module.policy.parameters())
     assert logger.series("sync/dense_bytes")[-1] == dense
     lowrank = logger.series("sync/bytes")[1:]
-    assert lowrank == [float(expected_lowrank_bytes(module.policy))] * 6
-    assert lowrank[0] / dense < 0.2
+    with_basis, coef = expected_lowrank_bytes(module.policy), expected_lowrank_bytes(module.policy, basis=False)
+    assert basis_steps(6) == [True, True, False, False, True, False]
+    assert lowrank == [float(with_basis if b else coef) for b in basis_steps(6)]
+    basis_bytes = logger.series("sync/basis_bytes")[1:]
+    assert basis_bytes == [float(with_basis - coef if b else 0) for b in basis_steps(6)]
+    assert lowrank[0] / dense < 0.2 and coef / dense < 0.1
     # drift measured before each step stays at rounding level
     assert max(logger.series("sync/logprob_abs_diff_max")) < 1e-4
     assert all(s >= 0 for s in logger.series("sync/seconds"))
@@ -159,6 +175,8 @@ def test_periodic_full_sync(tiny_path):
     assert logger.series("sync/full_syncs") == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
     bytes_ = logger.series("sync/bytes")
     assert bytes_[2] == bytes_[0] == logger.series("sync/dense_bytes")[0]
+    # step 3 is a low-rank sync right after a full one: it resends the basis it would otherwise skip
+    assert basis_steps(5)[2] is False and logger.series("sync/basis_bytes")[3] > 0
     assert_engine_matches_policy(module)
 
 
@@ -206,9 +224,99 @@ def test_resume_restores_counters_and_full_syncs(tiny_path, tmp_path):
     assert sync.full_syncs == 2  # first fit's start sync (restored) + the resume sync
     assert sync.lowrank_syncs == 2 + 2 and sync.steps_since_full == 2
     assert logger.rows[0][0] == 2 and logger.rows[0][1]["sync/full_syncs"] == 2.0  # logged at the resume step
+    assert logger.series("sync/basis_bytes")[1] > 0  # the first low-rank sync after resume carries the bases
     assert_engine_matches_policy(resumed)
 
 
 def test_invalid_argument_is_named():
     with pytest.raises(ValueError, match="full_sync_every: -1"):
         LowRankWeightSync(full_sync_every=-1)
+    with pytest.raises(ValueError, match="wire_dtype: 'fp8'"):
+        LowRankWeightSync(wire_dtype="fp8")
+
+
+# ------------------------------------------------- the engine keeps the basis (protocol)
+def test_engine_refuses_a_coefficient_for_a_basis_it_does_not_hold(tiny_path):
+    """A coefficient-only update is applied only onto the basis version it names; anything else is refused
+    (naming the param) before any weight changes."""
+    policy, tok = load_policy(tiny_path)
+    engine = HFEngine(policy, tok, copy_weights=True)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    m, n = dict(policy.named_parameters())[name].shape
+    g = torch.Generator().manual_seed(0)
+    coef, basis = torch.randn(m, RANK, generator=g), torch.randn(RANK, n, generator=g)
+    first = LowRankUpdate(name, 1.0, coef, basis, basis="right", version="a.1")
+    before = {k: v.clone() for k, v in engine.model.named_parameters()}
+    with pytest.raises(ValueError, match=f"{name}: the engine holds no basis"):
+        engine.apply_lowrank_updates([first.without_basis()])
+    engine.apply_lowrank_updates([first])
+    w1 = dict(engine.model.named_parameters())[name].clone()
+    torch.testing.assert_close(w1, before[name] + coef @ basis)
+    with pytest.raises(ValueError, match=f"{name}: the engine holds basis version a.1 .* needs version a.2"):
+        engine.apply_lowrank_updates([LowRankUpdate(name, 1.0, coef, None, basis="right", version="a.2")])
+    torch.testing.assert_close(dict(engine.model.named_parameters())[name], w1, rtol=0, atol=0)
+    engine.apply_lowrank_updates([first.without_basis()])  # the held version: applied onto the kept basis
+    torch.testing.assert_close(dict(engine.model.named_parameters())[name], w1 + coef @ basis)
+
+
+def test_payload_carries_the_coefficient_alone_and_a_shared_basis_once():
+    from logra_lightning.sync_wire import pack_payload, unpack_payload
+
+    m, n, r = 48, 32, 4
+    coef, basis = torch.randn(m, r), torch.randn(r, n)
+    u = LowRankUpdate("w", 0.9, coef, basis, basis="right", version="s.3")
+    full, alone = pack_payload([u]), pack_payload([u.without_basis()])
+    assert r * n * 4 <= len(full) - len(alone) < r * n * 4 + 100  # the basis and its header entry
+    assert u.without_basis().nbytes == r * m * 4
+    (got,), _ = unpack_payload(alone)
+    assert got.right is None and torch.equal(got.left, coef) and (got.basis, got.version) == ("right", "s.3")
+    pieces = [dataclasses.replace(u, name=f"w{e}", key="w") for e in range(3)]  # expert pieces share a basis
+    assert len(pack_payload(pieces)) - len(pack_payload(pieces[:1])) < 2 * (r * m * 4 + 200)
+    assert all(torch.equal(p.right, basis) for p in unpack_payload(pack_payload(pieces))[0])
+
+
+def test_logra_versions_follow_refreshes_and_reloads():
+    """LoGRA names the basis each update used: the same id until a refresh installs another, a new one after
+    load_state_dict (a resumed optimizer never reuses an id)."""
+    model = torch.nn.Linear(8, 6, bias=False)
+    opt = LoGRA(list(model.named_parameters()), lr=1e-2, rank=2, update_proj_gap=3)
+    opt.record_updates = True
+    versions = []
+    for _ in range(7):
+        model(torch.randn(4, 8)).pow(2).sum().backward()
+        used = opt.state[model.weight]["basis"]  # [n, r]
+        opt.step()
+        opt.zero_grad()
+        (step,) = opt.pop_applied_updates()
+        versions.append(step[0].version)
+        assert step[0].basis == "right" and torch.equal(step[0].right, used.T)
+    new = [i for i in range(7) if i == 0 or versions[i] != versions[i - 1]]
+    assert new == [i for i, b in enumerate(basis_steps(7)) if b]  # the same steps carry bases in the callback
+    opt.load_state_dict(opt.state_dict())  # the same basis values, loaded into new tensors
+    model(torch.randn(4, 8)).pow(2).sum().backward()
+    opt.step()
+    assert opt.pop_applied_updates()[0][0].version not in versions
+    twin = copy.deepcopy(model)
+    opt2 = LoGRA(list(twin.named_parameters()), lr=1e-2, rank=2, update_proj_gap=3)
+    opt2.load_state_dict(opt.state_dict())
+    opt2.record_updates = True
+    twin(torch.randn(4, 8)).pow(2).sum().backward()
+    opt2.step()
+    assert opt2.pop_applied_updates()[0][0].version not in versions  # another optimizer: never the same id
+
+
+@pytest.mark.parametrize("match", [True, False])
+def test_bf16_wire_halves_the_bytes_and_matching_keeps_engine_equal(tiny_path, match):
+    module = SyncedModule(tiny_path)
+    sync = LowRankWeightSync(wire_dtype="bfloat16", match_rounding=match)
+    _, logger = fit(module, steps=6, callbacks=[sync])
+    lowrank = logger.series("sync/bytes")[1:]
+    dense_part = expected_lowrank_bytes(module.policy, basis=False, wire_bytes=0)
+    assert lowrank == [float(expected_lowrank_bytes(module.policy, basis=b, wire_bytes=2)) for b in basis_steps(6)]
+    assert lowrank[2] - dense_part == (expected_lowrank_bytes(module.policy, basis=False) - dense_part) / 2
+    engine = dict(module.engine.model.named_parameters())
+    worst = max(float((engine[n] - p).abs().max()) for n, p in module.policy.named_parameters())
+    if match:  # the trainer applied the rounded update too: equal up to fp32 arithmetic
+        assert worst < 1e-5
+    else:  # the engine got the rounded update: bf16's 2^-9 relative error of each step's update
+        assert 1e-5 < worst < 1e-2

@@ -20,10 +20,27 @@ Choices:
    left factors: :func:`~logra_lightning.fsdp.gather_update_factors` all-gathers those
    rows (``r * m`` numbers per matrix, never the weight), so every rank holds the full
    factors and sends them to its engine.
+4. **The engine keeps the basis.** Between basis refreshes one factor of each update is the
+   matrix's basis (``Q.T`` for a right sketch, ``P`` for a left one), the same every step. An
+   engine that caches bases (``caches_bases = True``: both engines here) gets it once per
+   refresh; the other steps carry only the coefficient (``r * min(m, n)`` numbers). Each
+   basis has a version id (from LoGRA); the callback remembers which version the engine
+   holds per matrix, forgets it all on a full sync, a new engine or a failed sync, and the
+   engine refuses a coefficient whose basis version it does not hold, naming the param.
+5. **bf16 wire** (``wire_dtype="bfloat16"``): factors travel as bf16 (half the bytes; dense
+   values stay in their dtype) and the engine applies them in fp32 into its weights. With
+   ``match_rounding=True`` (the default) the trainer then applies exactly the update the
+   engine receives: it adds ``bf16(L) @ bf16(R) - L @ R`` to its own weights (one extra
+   rank-``2r`` matmul per matrix), so rounding does not make the two drift apart. Measured
+   at ~100M (``benchmarks/sync_cost.py``): with the correction the drift stays at the fp32
+   level (<= 3.8e-6 after 6 syncs) but the matmuls cost trainer time (14.7 s per step on the
+   loaded 2-core CPU); without it the drift grew to 4.6e-4 after 6 syncs at lr 1e-3, bounded
+   by a full sync every ``full_sync_every`` steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -32,15 +49,40 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from logra_lightning._util import WarnOnce
 from logra_lightning.errors import TrainingError
 from logra_lightning.fsdp import gather_update_factors
 from logra_lightning.phases import announce_phase
-from logra_lightning.sync_wire import LowRankUpdate, tensor_nbytes
+from logra_lightning.sync_wire import LowRankUpdate, match_wire_rounding_, tensor_nbytes, wire_updates
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_WIRE_DTYPES = tuple(_DTYPES)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor: gathered if ``t`` is a DTensor (FSDP2), detached either way."""
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+
+@torch.no_grad()
+def _apply_wire_rounding(optimizer, updates: list[LowRankUpdate], dtype: torch.dtype) -> None:
+    """Make each weight hold what the engine gets: ``W += round(L) @ round(R) - L @ R`` (choice 5).
+
+    ``updates`` are as LoGRA recorded them (under FSDP2 ``left`` holds this rank's rows, which are
+    also the rows of the weight here).
+    """
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    params = {n: p for g in optimizer.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
+    for u in updates:
+        p = params[u.name]
+        w = p.to_local() if hasattr(p, "to_local") else p
+        w = w.view(-1, w.shape[-1])  # [m_i, n]; a 3-D expert weight as its [E*m, n] matrix
+        if w.numel() == 0:
+            continue
+        if w.shape[0] != u.left.shape[0]:
+            raise ValueError(f"{u.name}: left factor has {u.left.shape[0]} rows, the weight here {w.shape[0]}")
+        match_wire_rounding_(w, u.left, u.right, dtype)
 
 
 class LowRankWeightSync(L.Callback):
@@ -59,9 +101,15 @@ class LowRankWeightSync(L.Callback):
         engine_attr: attribute of the LightningModule holding the engine.
         policy_attr: attribute holding the HF model whose parameter names the engine
             knows; if the module has no such attribute, the module itself is used.
+        wire_dtype: ``"float32"`` or ``"bfloat16"``: dtype of the factors on the wire
+            (choice 5).
+        match_rounding: with a bf16 wire, apply the rounded update to the trainer's weights
+            too, so the engine and the trainer hold the same weights (choice 5).
+        cache_bases: let the engine keep each basis between refreshes and send only the
+            coefficient (choice 4); ``False`` sends both factors every step.
 
     Raises:
-        ValueError: ``full_sync_every`` is negative or not an int.
+        ValueError: ``full_sync_every`` is negative or not an int; an unknown ``wire_dtype``.
         RuntimeError: the module has no engine at fit start.
         TrainingError: (a ``RuntimeError``) sending to the engine
             failed (the message names the global step; training stops before any
@@ -77,6 +125,8 @@ class LowRankWeightSync(L.Callback):
 
     Logged metrics:
         ``sync/bytes``: bytes sent to the engine by this batch's sync.
+        ``sync/basis_bytes``: the part of ``sync/bytes`` that is bases (refresh steps, first sync after a
+        full one); 0 when only coefficients went.
         ``sync/dense_bytes``: bytes a full sync sends (all policy params), for comparison.
         ``sync/seconds``: wall time of the sync, including the engine applying it.
         ``sync/full_syncs``: full syncs so far (cumulative, survives resume).
@@ -88,13 +138,24 @@ class LowRankWeightSync(L.Callback):
     """
 
     def __init__(
-        self, full_sync_every: int | None = 0, engine_attr: str = "engine", policy_attr: str = "policy"
+        self,
+        full_sync_every: int | None = 0,
+        engine_attr: str = "engine",
+        policy_attr: str = "policy",
+        wire_dtype: str = "float32",
+        match_rounding: bool = True,
+        cache_bases: bool = True,
     ) -> None:
         if full_sync_every is not None and not (isinstance(full_sync_every, int) and full_sync_every >= 0):
             raise ValueError(f"Invalid full_sync_every: {full_sync_every!r} (must be an int >= 0, or None)")
+        if wire_dtype not in _WIRE_DTYPES:
+            raise ValueError(f"Invalid wire_dtype: {wire_dtype!r} (allowed: {', '.join(map(repr, _WIRE_DTYPES))})")
         self.full_sync_every = full_sync_every or 0
         self.engine_attr = engine_attr
         self.policy_attr = policy_attr
+        self.wire_dtype = wire_dtype
+        self.match_rounding = bool(match_rounding)
+        self.cache_bases = bool(cache_bases)
         # counters (checkpointed)
         self.full_syncs = 0
         self.lowrank_syncs = 0
@@ -107,7 +168,9 @@ class LowRankWeightSync(L.Callback):
         self._names: dict[int, str] = {}
         self._dense_bytes = 0
         self._last_step = 0
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce(rank_zero_warn)
+        self._held: dict[str, str] = {}  # HF name -> basis version the engine holds (choice 4)
+        self._held_by: int | None = None  # id() of the engine that holds them
 
     @property
     @override
@@ -117,11 +180,6 @@ class LowRankWeightSync(L.Callback):
     def _policy(self, pl_module: L.LightningModule) -> torch.nn.Module:
         policy = getattr(pl_module, self.policy_attr, None)
         return pl_module if policy is None else policy
-
-    def _warn_once(self, key: str, msg: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            rank_zero_warn(msg)
 
     # ------------------------------------------------------------------ start
     @override
@@ -167,13 +225,17 @@ class LowRankWeightSync(L.Callback):
         if not self._active:
             return
         metrics: dict[str, float] = {}
-        # a collective under FSDP2: every rank gathers the row shards of its left factors
-        popped = [[gather_update_factors(opt, step) for step in opt.pop_applied_updates()] for opt in self._factored]
+        popped = [opt.pop_applied_updates() for opt in self._factored]
         steps = max((len(p) for p in popped), default=0) if self._lowrank else trainer.global_step - self._last_step
         self._last_step = trainer.global_step
         if steps > 0:
             self.steps_since_full += steps
             full = not self._lowrank or (self.full_sync_every and self.steps_since_full >= self.full_sync_every)
+            if not full and self.wire_dtype != "float32" and self.match_rounding:
+                for opt, per_opt in zip(self._factored, popped):
+                    _apply_wire_rounding(opt, [u for per_step in per_opt for u in per_step], _DTYPES[self.wire_dtype])
+            # a collective under FSDP2: every rank gathers the row shards of its left factors
+            popped = [[gather_update_factors(opt, step) for step in per_opt] for opt, per_opt in zip(self._factored, popped)]
             updates = [u for per_opt in popped for per_step in per_opt for u in per_step]
             engine = getattr(pl_module, self.engine_attr)
             metrics.update(self._sync(trainer, pl_module, engine, full=bool(full), updates=updates))
@@ -188,13 +250,16 @@ class LowRankWeightSync(L.Callback):
     def _sync(self, trainer: L.Trainer, pl_module: L.LightningModule, engine, *, full: bool, updates: list) -> dict:
         start = time.perf_counter()
         kind = "full" if full else "low-rank"
+        basis_bytes = 0
         with announce_phase(pl_module, "weight_sync"):
             try:
                 if full:
+                    self._held, self._held_by = {}, id(engine)  # the engine's bases are resent after a full sync
                     sent = self._send_full(engine, pl_module)
                 else:
-                    sent = self._send_lowrank(engine, updates)
+                    sent, basis_bytes = self._send_lowrank(engine, updates)
             except Exception as e:
+                self._held = {}  # whatever the engine kept of this sync, resend it all
                 raise TrainingError(
                     f"LowRankWeightSync: {kind} weight sync to the rollout engine failed at global step "
                     f"{trainer.global_step}: {type(e).__name__}: {e}. Training stopped before checkpointing this "
@@ -208,6 +273,7 @@ class LowRankWeightSync(L.Callback):
         self.total_bytes += sent
         return {
             "sync/bytes": float(sent),
+            "sync/basis_bytes": float(basis_bytes),
             "sync/dense_bytes": float(self._dense_bytes),
             "sync/seconds": time.perf_counter() - start,
             "sync/full_syncs": float(self.full_syncs),
@@ -219,16 +285,23 @@ class LowRankWeightSync(L.Callback):
         engine.load_weights(named)
         return sum(tensor_nbytes(t) for _, t in named)
 
-    def _send_lowrank(self, engine, updates: list) -> int:
+    def _send_lowrank(self, engine, updates: list[LowRankUpdate]) -> tuple[int, int]:
+        """Send the updates (a basis only where the engine lacks its version); ``(bytes, basis bytes)``."""
         by_name: dict[str, str] = {}
         dense: list[tuple[str, torch.Tensor]] = []
         for opt in self._factored:
             params = {n: p for g in opt.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
             by_name.update({n: self._names.get(id(p), n) for n, p in params.items()})
             dense += [(self._names.get(id(params[n]), n), _full(params[n])) for n in opt.dense_param_names()]
-        renamed = [LowRankUpdate(by_name.get(u.name, u.name), u.c, u.left, u.right) for u in updates]
-        engine.apply_lowrank_updates(renamed, dense)
-        return sum(u.nbytes for u in renamed) + sum(tensor_nbytes(t) for _, t in dense)
+        if self._held_by != id(engine):  # another engine (e.g. rebuilt): it holds nothing of ours
+            self._held, self._held_by = {}, id(engine)
+        keep = self.cache_bases and getattr(engine, "caches_bases", False)
+        renamed = [dataclasses.replace(u, name=by_name.get(u.name, u.name)) for u in updates]
+        wire, held = wire_updates(renamed, self._held, _DTYPES[self.wire_dtype], keep_bases=keep)
+        engine.apply_lowrank_updates(wire, dense)
+        self._held = held
+        sent = sum(u.nbytes for u in wire) + sum(tensor_nbytes(t) for _, t in dense)
+        return sent, sum(u.basis_nbytes for u in wire)
 
     # ------------------------------------------------------------ checkpoint
     @override

@@ -22,7 +22,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -134,10 +134,15 @@ def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float) -> Non
         w.addmm_(basis, u, alpha=alpha)  # [m, r] @ [r, n]
 
 
-def applied_update(pend: PendingUpdate, name: str, eta: float) -> LowRankUpdate:
-    """What the step at scale ``eta`` did to a low-rank param: ``W <- c * W + L @ R`` (``L`` this rank's rows)."""
+def applied_update(pend: PendingUpdate, name: str, eta: float, version: str | None = None) -> LowRankUpdate:
+    """What the step at scale ``eta`` did to a low-rank param: ``W <- c * W + L @ R`` (``L`` this rank's rows).
+
+    ``version`` identifies the basis the update used (the factor on ``pend.side``), so an engine that
+    keeps that basis needs only the coefficient (docs/design.md §5).
+    """
     left, right = sk.lowrank_factors(pend.direction, pend.basis, pend.side, -eta * pend.lr * pend.scale)
-    return LowRankUpdate(name, 1.0 - eta * pend.lr * pend.weight_decay, left.detach(), right.detach())
+    c = 1.0 - eta * pend.lr * pend.weight_decay
+    return LowRankUpdate(name, c, left.detach(), right.detach(), pend.side if version else None, version)
 
 
 def gather_update_rows(updates: list[LowRankUpdate], matrices: dict[str, LowRankMatrix | None]) -> list[LowRankUpdate]:
@@ -166,5 +171,5 @@ def gather_update_rows(updates: list[LowRankUpdate], matrices: dict[str, LowRank
                 f"[{mat.shard.start}, {mat.shard.stop}) of {tuple(mat.shape)}"
             )
         left = sh.gather_chunks(u.left.contiguous(), mat.shard, mat.shape[0])  # [m, r] from every rank's [m_i, r]
-        out.append(LowRankUpdate(u.name, u.c, left, u.right))
+        out.append(replace(u, left=left))  # keeps the basis version
     return out

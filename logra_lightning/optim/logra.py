@@ -74,7 +74,7 @@ from logra_lightning.optim import state_io
 from logra_lightning.optim.candidate import PendingUpdate
 from logra_lightning.optim.groups import normalize_params, split_by_rank, validate_hparams
 from logra_lightning.optim.matrix import LowRankMatrix, resolve_side
-from logra_lightning.sync_wire import LowRankUpdate
+from logra_lightning.sync_wire import BasisVersions, LowRankUpdate
 
 __all__ = ["LoGRA", "resolve_side"]
 
@@ -147,6 +147,7 @@ class LoGRA(torch.optim.Optimizer):
         self.skipped_updates = 0
         self.record_updates = False
         self._applied: list[list[LowRankUpdate]] = []
+        self._basis_versions = BasisVersions()  # recorded with each update: the engine may keep the basis
         self._pending: dict[torch.Tensor, PendingUpdate] = {}  # param -> candidate, from prepare_update to step
         self._prepared = False
         self._perturb_total = 0.0  # the scale W sits at now (perturb_ moves it)
@@ -357,7 +358,8 @@ class LoGRA(torch.optim.Optimizer):
             if not pend.lowrank:
                 continue
             if self.record_updates:
-                records.append(cand.applied_update(pend, names[id(p)], eta))
+                version = self._basis_versions.of(id(p), self.state[p]["basis"])  # the basis this update used
+                records.append(cand.applied_update(pend, names[id(p)], eta, version))
             if pend.next_basis is not None:
                 st, mat = self.state[p], self._matrices[id(p)]
                 rot = mat.reduce_rotation_(sk.basis_rotation(st["basis"], pend.next_basis))  # [r, r]

@@ -3,8 +3,8 @@
 An engine turns prompts (token ids) into ``n`` sampled completions each, with the
 log-probability the engine gave every sampled token. It also accepts weight
 updates from the trainer, either as full tensors or as low-rank factors
-(``W <- c*W + L @ R``), so that the weight-sync callback can keep it in step
-with the policy being trained.
+(``W <- c*W + L @ R``, between basis refreshes possibly only the coefficient), so
+that the weight-sync callback can keep it in step with the policy being trained.
 """
 
 from __future__ import annotations
@@ -69,7 +69,13 @@ class RolloutEngine(Protocol):
     def apply_lowrank_updates(
         self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
     ) -> None:
-        """Apply ``W <- c*W + L@R`` per update, then overwrite the ``dense`` params."""
+        """Apply ``W <- c*W + L@R`` per update, then overwrite the ``dense`` params.
+
+        An engine whose class sets ``caches_bases = True`` keeps each matrix's basis factor
+        (:class:`~logra_lightning.sync_wire.BasisCache`) and also accepts updates that carry only
+        their coefficient (the basis factor ``None``); it must refuse one whose basis version
+        it does not hold. Without that attribute the sender always sends both factors.
+        """
 
     def close(self) -> None: ...
 

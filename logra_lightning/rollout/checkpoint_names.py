@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -136,5 +137,8 @@ class CheckpointNames:
         for p in pieces:
             if len(p.shape) != 2:
                 raise ConfigError(f"checkpoint tensor {p.name!r} of shape {p.shape} is not a matrix")
-            out.append(LowRankUpdate(p.name, u.c, u.left[p.rows.to(u.left.device)], u.right))
+            left = None if u.left is None else u.left[p.rows.to(u.left.device)]
+            # a right basis is shared by every piece (kept once by the engine); a left one is cut per piece
+            key = u.basis_key if u.basis == "right" else p.name
+            out.append(dataclasses.replace(u, name=p.name, left=left, key=key))
         return out

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
+from logra_lightning.sync_wire import BasisCache
 
 
 def _needs_synced_generate(model: nn.Module) -> bool:
@@ -47,6 +48,9 @@ def _needs_synced_generate(model: nn.Module) -> bool:
 class HFEngine:
     """Sample completions with ``model.generate``.
 
+    It keeps each matrix's latest basis (:class:`~logra_lightning.sync_wire.BasisCache`), so
+    low-rank updates may carry only their coefficient between basis refreshes.
+
     Args:
         model: a causal LM (``transformers`` ``PreTrainedModel``).
         tokenizer: its tokenizer (for EOS/pad ids and decoding).
@@ -57,11 +61,14 @@ class HFEngine:
         self.model = copy.deepcopy(model) if copy_weights else model
         self.tokenizer = tokenizer
         self.copy_weights = copy_weights
+        self.bases = BasisCache()  # the basis of each matrix between refreshes (docs/design.md §5)
 
     @property
     def shares_weights(self) -> bool:
         """True when the engine samples from the trainer's own weights (nothing to sync)."""
         return not self.copy_weights
+
+    caches_bases = True  # coefficient-only updates are welcome (see BasisCache)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> Rollout:
@@ -120,11 +127,17 @@ class HFEngine:
     def apply_lowrank_updates(
         self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
     ) -> None:
+        """``W <- c*W + L@R`` per update, in the weights' dtype; a coefficient-only update uses the basis kept
+        from an earlier one (refused, naming the param, if the engine holds another version)."""
         params = dict(self.model.named_parameters())
         for u in updates:
-            w = params[u.name]
+            if u.name not in params:
+                raise KeyError(f"no engine parameter named {u.name!r}")
+        for name, c, left, right in self.bases.resolve(updates):
+            w = params[name]
             w = w.view(-1, w.shape[-1]) if w.ndim > 2 else w  # a 3-D expert weight as its [E*m, n] matrix
-            w.mul_(u.c).addmm_(u.left.to(w), u.right.to(w))
+            w.mul_(c).addmm_(left.to(w), right.to(w))
+        self.bases.keep(updates)
         self.load_weights(dense)
 
     def close(self) -> None:
@@ -141,6 +154,7 @@ class HFEngineSpec(EngineSpec):
 
     def __init__(self, copy_weights: bool = False) -> None:
         self.copy_weights = copy_weights
+        self.bases = BasisCache()  # the basis of each matrix between refreshes (docs/design.md §5)
 
     def build(self, model_path: str, policy, tokenizer) -> HFEngine:
         return HFEngine(policy, tokenizer, copy_weights=self.copy_weights)

@@ -74,6 +74,7 @@ class VLLMEngine:
     """
 
     shares_weights = False
+    caches_bases = True  # the workers keep each matrix's basis: updates may carry only their coefficient
 
     def __init__(
         self,
@@ -203,7 +204,11 @@ class VLLMEngine:
     def apply_lowrank_updates(
         self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
     ) -> None:
-        """Apply ``W <- c*W + L@R`` per update (in order), then overwrite the ``dense`` params."""
+        """Apply ``W <- c*W + L@R`` per update (in order), then overwrite the ``dense`` params.
+
+        An update may carry only its coefficient when the workers hold its basis version (they
+        keep the last basis of each matrix); otherwise the workers refuse it, naming the param.
+        """
         items = [(v, None) for u in updates for v in self.names.update(u)]
         items += [(None, d) for name, value in dense for d in self.names.dense(name, value)]
         self._send(iter(items))

@@ -40,6 +40,10 @@ Departures and choices:
    the trainer's names first (:mod:`~logra_lightning.rollout.checkpoint_names`).
    Pipeline parallelism is not supported: an update for a name the worker cannot
    place fails with that name, before anything changes.
+4. Each worker keeps the last basis factor of every matrix (as received: fp32 or bf16) with
+   its version (:class:`~logra_lightning.sync_wire.BasisCache`); an update that carries only
+   its coefficient is refused, naming the parameter, unless the worker holds that version.
+   A coefficient is applied as ``c*W + L@R`` in fp32 whatever the wire dtype.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from logra_lightning.rollout.vllm_options import quiet_loggers
-from logra_lightning.sync_wire import unpack_payload
+from logra_lightning.sync_wire import BasisCache, unpack_payload
 
 _MODES = ("auto", "inplace", "reload")
 
@@ -218,6 +222,7 @@ class _SyncState:
         self.touched: set[str] = set()  # reload modules changed since the last commit
         self.dependents: dict[str, list[str]] = {}  # module -> modules packing a copy of its (shared) weight
         self.stale: set[str] = set()  # such dependents to re-pack at the next commit
+        self.bases = BasisCache()  # each matrix's basis between refreshes: updates may carry only the coefficient
 
     def modules_of(self, name: str) -> list[str]:
         return [module for module, _ in self.targets.get(name, ())]
@@ -312,7 +317,8 @@ class LowRankWorkerExtension:
         """
         t0 = time.perf_counter()
         st = self._logra_state_or_raise()
-        updates, dense = unpack_payload(payload)
+        received, dense = unpack_payload(payload)
+        updates = st.bases.resolve(received)  # a coefficient alone: the basis held since the last refresh
         model = self.model_runner.get_model()
         for name, _, left, right in updates:
             if left.ndim != 2 or right.ndim != 2 or left.shape[1] != right.shape[0]:
@@ -321,6 +327,7 @@ class LowRankWorkerExtension:
             self._logra_check(st, name, (left.shape[0], right.shape[1]), what)
         for name, value in dense:
             self._logra_check(st, name, tuple(value.shape), f"values of shape {tuple(value.shape)}")
+        st.bases.keep(received)
         for name, c, left, right in updates:
             if name in st.shadow:
                 st.shadow[name].mul_(c).addmm_(left.float(), right.float())
@@ -339,7 +346,8 @@ class LowRankWorkerExtension:
         if inplace_dense:
             model.load_weights(inplace_dense)
         reloaded = self._logra_commit(st) if commit else 0
-        return {"seconds": time.perf_counter() - t0, "updates": len(updates), "dense": len(dense), "reloaded": reloaded}
+        return {"seconds": time.perf_counter() - t0, "updates": len(updates), "dense": len(dense), "reloaded": reloaded,
+                "bases_received": sum(u.basis_factor is not None for u in received), "bases_bytes": st.bases.nbytes}
 
     @staticmethod
     def _logra_add(model, st: _SyncState, name: str, c: float, delta: torch.Tensor) -> None:
