@@ -40,7 +40,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf.errors import OmegaConfBaseException
 from typing_extensions import override
 
@@ -49,6 +49,7 @@ from logra_lightning.config_files import check_config_files, config_file_args
 from logra_lightning.data import PromptDataModule
 from logra_lightning.errors import ConfigError, LograError
 from logra_lightning.module import PolicyGradientModule
+from logra_lightning.resume_checks import check_resume_optimizer, checkpoint_optimizer, replaced_hparams
 from logra_lightning.validation import validate_fit_config
 
 TRAINER_DEFAULTS = {
@@ -151,6 +152,15 @@ def interpolation_error_line(err: BaseException, config_files: list[str]) -> str
             "(${oc.env:NAME,default}) or write the value itself")
 
 
+def _model_scalars(config) -> dict[str, Any]:
+    """The plain ``model.*`` values of a parsed config (what a checkpoint's hyperparameters can replace)."""
+    if not config.get("subcommand"):
+        return {}
+    model = config[config.subcommand].get("model")
+    items = model.as_dict().items() if hasattr(model, "as_dict") else dict(model or {}).items()
+    return {k: v for k, v in items if v is None or isinstance(v, (str, int, float, bool))}
+
+
 def _subcommand_of(argv: list[str]) -> str | None:
     return next((a for a in argv if a in ("fit", "validate", "test", "predict")), None)
 
@@ -179,8 +189,16 @@ class LograCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:  # Lightning reads the checkpoint's hyperparameters here: check it first
         if self.config.get("subcommand"):
             _check_ckpt_path(self.config[self.config.subcommand].get("ckpt_path"))
+        before = _model_scalars(self.config)
         try:
             super()._parse_ckpt_path()
+            changed = replaced_hparams(before, _model_scalars(self.config))
+            if changed:
+                path = self.config[self.config.subcommand].get("ckpt_path")
+                rank_zero_warn(f"--ckpt_path {path}: the checkpoint's saved settings replace "
+                               + ", ".join(f"model.{k}={a!r} (now {b!r})" for k, a, b in changed)
+                               + "; a resumed run continues the run that wrote the checkpoint. To train with other "
+                               "settings, start a new run from its weights (logra export, then --model.model DIR)")
         except LograError:
             raise
         except Exception as err:  # noqa: BLE001 - torch.load of a damaged file, hyperparameters that do not parse
@@ -208,6 +226,10 @@ class LograCLI(LightningCLI):
                 if last is not None:
                     rank_zero_info(f"[logra] resuming from {last}")
                     config.ckpt_path = str(last)
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path not in (None, *_CKPT_KEYWORDS) and Path(ckpt_path).is_file():
+            model_cfg = config.as_dict().get("model") or {}
+            check_resume_optimizer(ckpt_path, checkpoint_optimizer(ckpt_path), model_cfg.get("optimizer"))
 
     @override
     def instantiate_classes(self) -> None:

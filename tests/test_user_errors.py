@@ -429,3 +429,40 @@ def test_any_bad_data_lines_are_one_line(tmp_path_factory, capsys, lines):
             "--trainer.logger.init_args.save_dir", str(path.parent / "runs")]  # fmt: skip
     line = console(args, capsys)
     assert line.startswith(f"logra: error: {path}"), line
+
+
+# ------------------------------------------------------------ resuming with another config
+LOGRA_CONFIG = str(ROOT / "configs" / "arithmetic_tiny_logra.yaml")
+
+
+@pytest.mark.parametrize(
+    "groups, config, match",
+    [
+        ([{"params": [0, 1], "lr": 1e-4}], LOGRA_CONFIG,
+         r"its optimizer state was written by a dense optimizer \(no low-rank groups\), but model.optimizer is LoGRA "
+         r"with rank 16; resume with the optimizer settings that wrote it"),
+        ([{"params": [0], "rank": 16}, {"params": [1], "rank": None}], CONFIG,
+         r"written by LoGRA \(rank 16\), but model.optimizer is AdamW \(dense\)"),
+        ([{"params": [0], "rank": 8}, {"params": [1], "rank": None}], LOGRA_CONFIG,
+         r"its LoGRA state has rank 8, but model.optimizer.init_args.rank=16; .*logra export --ckpt_path"),
+    ],
+    ids=["adamw_ckpt_logra_config", "logra_ckpt_adamw_config", "other_rank"],
+)
+def test_resume_with_another_optimizer(groups, config, match, tmp_path, capsys):
+    """Before: 'loaded state dict has a different number of parameter groups' from deep inside Lightning."""
+    path = tmp_path / "run.ckpt"
+    torch.save({"state_dict": {}, "optimizer_states": [{"state": {}, "param_groups": groups}],
+                "hyper_parameters": {"model": "builtin:arithmetic-tiny"}}, path)  # fmt: skip
+    assert re.search(match, console(["fit", "--config", config, "--ckpt_path", str(path)], capsys))
+
+
+def test_resume_says_which_settings_the_checkpoint_replaces(tmp_path, monkeypatch):
+    from logra_lightning import cli
+
+    said = []
+    monkeypatch.setattr(cli, "rank_zero_warn", said.append)
+    path = tmp_path / "run.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"model": "builtin:arithmetic-tiny", "group_size": 4}}, path)
+    with pytest.raises(AssertionError, match="a model was built"):  # the check runs, then the (forbidden) build
+        main(["fit", "--config", CONFIG, "--model.group_size", "8", "--ckpt_path", str(path)])
+    assert len(said) == 1 and "replace model.group_size=8 (now 4)" in said[0], said
