@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks import reasoning_tasks  # noqa: E402
 
 GB = 1e9
 
@@ -145,7 +146,7 @@ def plot_trl(res: dict, plt):
 
 
 PLOTS = {"optimizer_memory": plot_optimizer_memory, "quality": plot_quality, "kl_control": plot_kl_control,
-         "sync_cost": plot_sync, "trl_grpo": plot_trl}  # fmt: skip
+         "sync_cost": plot_sync, "trl_grpo": plot_trl, "reasoning_tasks": reasoning_tasks.plot}  # fmt: skip
 
 
 def main(argv=None) -> list[Path]:

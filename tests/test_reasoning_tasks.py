@@ -225,6 +225,14 @@ def test_builtin_reasoning_policy_is_registered_with_20m_parameters() -> None:
     assert model_config("builtin:reasoning-20m")["hidden_size"] == 512 and cfg.model.architecture == "llama"
 
 
+def test_export_rebuilds_the_reasoning_base_with_its_bpe_tokenizer(tmp_path: Path) -> None:
+    from logra_lightning.export import base_model_dir
+    from logra_lightning.models import load_tokenizer
+
+    tok = load_tokenizer(base_model_dir("builtin:reasoning-20m", tmp_path))  # config and tokenizer of the base
+    assert "ĠAnswer" in tok.get_vocab() and tok.decode(tok.encode("Sort 3 1: Answer: 1 3")) == "Sort 3 1: Answer: 1 3"
+
+
 def test_warm_up_writes_per_task_accuracy_and_sloppy_demonstrations(tmp_path: Path) -> None:
     from logra_lightning.reasoning_policy import TINY_REASONING, ReasoningWarmupConfig, demonstrations, warm_up_reasoning
 
