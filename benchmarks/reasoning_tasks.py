@@ -55,6 +55,9 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SYNC = {"class_path": "logra_lightning.callbacks.LowRankWeightSync", "init_args": {"full_sync_every": 0}}
 RECORDER = {"class_path": "benchmarks.trainer_memory.TrainerPeakMemory"}
 MEMORY_FILE = "memory.json"  # what TrainerPeakMemory writes into the run's log directory
+# whole-process peak RSS; peak minus RSS before the model; exact params + grads (after backward) + optimizer state
+MEMORY_KEYS = ("peak_rss_bytes", "train_memory_bytes", "state_bytes")
+RUN_FILE = "bench_run.json"  # this script's record of a finished run (read back with --reuse)
 
 
 def lora_pending() -> str | None:
@@ -88,28 +91,66 @@ def _stats(values: list[float]) -> dict[str, float]:
             "min": min(values), "max": max(values), "n": len(values)}  # fmt: skip
 
 
+def with_state_bytes(memory: dict) -> dict:
+    """``memory`` plus ``state_bytes``: params + gradients + optimizer state, exact."""
+    return {**memory, "state_bytes": memory["param_bytes"] + memory["grad_bytes"] + memory["optimizer_state_bytes"]}
+
+
+def resummarize(path: Path) -> dict:
+    """Recompute a results file's summary (and ``state_bytes``) from its recorded runs with this code; no run is repeated."""
+    res = json.loads(path.read_text())
+    for run in res["runs"]:
+        if run.get("ok"):
+            run["memory"] = with_state_bytes(run["memory"])
+    rows = [r for r in res["settings"]["rows"] if r not in res["settings"].get("pending", {})]
+    res["summary"] = summarize(res["runs"], rows)
+    res["resummarized_by"] = f"python benchmarks/reasoning_tasks.py --resummarize {path.name}"
+    write_result(path, res)
+    return res
+
+
+def _from_logs(run: dict, log_dir: Path) -> dict:
+    """Fill ``run`` from a finished run's log directory (summary.json, memory.json, TensorBoard scalars)."""
+    from benchmarks.common import tb_scalars
+
+    sc = tb_scalars(log_dir)
+    rewards = [v for _, v in sc.get("reward/mean", [])]
+    summary = json.loads((log_dir / "summary.json").read_text())
+    memory = with_state_bytes(json.loads((log_dir / MEMORY_FILE).read_text()))
+    return {**run, "ok": True, "accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
+            "reward_mean": [[int(s), v] for s, v in sc.get("reward/mean", [])],
+            "late_reward": statistics.fmean(rewards[len(rewards) // 2 :]) if rewards else None,
+            "step_seconds_median": statistics.median(v for _, v in sc["perf/step_seconds"]),
+            "memory": memory}  # fmt: skip
+
+
 def run_one(task: str, row: str, lr: float, seed: int, steps: int, extra: list[str], work_dir: Path,
-            tag: str = "") -> dict:  # fmt: skip
-    """One ``logra fit`` of ``task`` with ``row`` at ``lr``: accuracy, reward curve, step seconds, memory."""
+            tag: str = "", reuse: bool = False) -> dict:  # fmt: skip
+    """One ``logra fit`` of ``task`` with ``row`` at ``lr``: accuracy, reward curve, step seconds, memory.
+
+    With ``reuse``, a run whose log directory already holds its results (an earlier invocation of
+    this script with the same work dir) is read back instead of run again.
+    """
     name = f"{tag}{task}_{row}_lr{lr:g}_seed{seed}"
+    log_dir = work_dir / name / "version_0"
+    run = {"task": task, "row": row, "lr": lr, "seed": seed}
+    if reuse and (log_dir / RUN_FILE).is_file():
+        return json.loads((log_dir / RUN_FILE).read_text())
+    if reuse and (log_dir / "summary.json").is_file() and (log_dir / MEMORY_FILE).is_file():
+        return _from_logs({**run, "seconds": None, "load_before": None, "load_after": None, "command": None,
+                           "reused_from": str(log_dir)}, log_dir)  # fmt: skip
     args = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
             "--model.torch_threads", "1", "--seed_everything", str(seed), "--data.seed", str(seed),
             *extra, *row_args(row, lr)]  # fmt: skip
     res = logra_fit(name, CONFIGS / f"reasoning_{task}.yaml", args, callbacks=[SYNC, RECORDER], work_dir=work_dir,
                     env=ONE_THREAD)  # fmt: skip
-    run = {"task": task, "row": row, "lr": lr, "seed": seed, "ok": res["ok"], "seconds": res["seconds"],
-           "load_before": res["load_before"], "load_after": res["load_after"], "command": res["command"]}  # fmt: skip
-    memory = Path(res["log_dir"]) / MEMORY_FILE
-    if res["ok"] and memory.is_file():
-        sc = res["scalars"]
-        rewards = [v for _, v in sc.get("reward/mean", [])]
-        run.update(accuracy_before=res["summary"]["accuracy_before"], accuracy_after=res["summary"]["accuracy_after"],
-                   reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
-                   late_reward=statistics.fmean(rewards[len(rewards) // 2 :]) if rewards else None,
-                   step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
-                   memory=json.loads(memory.read_text()))  # fmt: skip
+    run.update(ok=res["ok"], seconds=res["seconds"], load_before=res["load_before"], load_after=res["load_after"],
+               command=res["command"])  # fmt: skip
+    if res["ok"] and (log_dir / MEMORY_FILE).is_file():
+        run = _from_logs(run, log_dir)
+        (log_dir / RUN_FILE).write_text(json.dumps(run, indent=2))
     else:
-        run.update(ok=False, error=res.get("error") or f"no {MEMORY_FILE} in {res['log_dir']}")
+        run.update(ok=False, error=res.get("error") or f"no {MEMORY_FILE} in {log_dir}")
     print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}, peak "
                          f"{run['memory']['peak_rss_bytes'] / 1e6:.0f} MB ({run['seconds']:.0f} s)"
                          if run["ok"] else f"FAILED {run['error'][-300:]}"), flush=True)  # fmt: skip
@@ -143,13 +184,12 @@ def summarize(runs: list[dict], rows: list[str]) -> dict:
             if not got:
                 continue
             e = {"ok_runs": len(got), **{k: _stats([r[k] for r in got]) for k in ("accuracy_before", "accuracy_after")},
-                 **{k: _stats([r["memory"][k] for r in got]) for k in ("peak_rss_bytes", "train_memory_bytes",
-                                                                        "optimizer_state_bytes", "grad_bytes")},
+                 **{k: _stats([r["memory"][k] for r in got]) for k in (*MEMORY_KEYS, "optimizer_state_bytes", "grad_bytes")},
                  "step_seconds_median": statistics.median(r["step_seconds_median"] for r in got)}  # fmt: skip
             pairs = [(ok[(task, row, s)], ok[(task, "adamw", s)]) for s in seeds
                      if (task, row, s) in ok and (task, "adamw", s) in ok]  # fmt: skip
             if pairs and row != "adamw":
-                for key in ("peak_rss_bytes", "train_memory_bytes"):
+                for key in MEMORY_KEYS:
                     e[f"{key}_reduction_vs_adamw"] = _stats([_reduction(r, b, key) for r, b in pairs])
                 e["accuracy_after_vs_adamw_points"] = _stats([100 * (r["accuracy_after"] - b["accuracy_after"])
                                                               for r, b in pairs])  # fmt: skip
@@ -164,7 +204,7 @@ def summarize(runs: list[dict], rows: list[str]) -> dict:
              "accuracy_before": _stats(mean_over_tasks(lambda t, s: ok[(t, row, s)]["accuracy_before"])),
              "accuracy_after": _stats(mean_over_tasks(lambda t, s: ok[(t, row, s)]["accuracy_after"]))}  # fmt: skip
         if row != "adamw":
-            for key in ("peak_rss_bytes", "train_memory_bytes"):
+            for key in MEMORY_KEYS:
                 a[f"{key}_reduction_vs_adamw"] = _stats(mean_over_tasks(
                     lambda t, s, key=key: _reduction(ok[(t, row, s)], ok[(t, "adamw", s)], key)))  # fmt: skip
             a["accuracy_after_vs_adamw_points"] = _stats(mean_over_tasks(
@@ -200,10 +240,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", nargs="*", default=None, help="ROW=LR: skip the sweep for that row, e.g. adamw=1e-4")
     ap.add_argument("--model", default=None, help="policy of every run instead of the configs' builtin:reasoning-20m")
     ap.add_argument("--test-size", type=int, default=None, help="held-out prompts per task (default: the configs' 256)")
+    ap.add_argument("--reuse", action="store_true", help="read back runs already finished in --work-dir")
     ap.add_argument("--jobs", type=int, default=None, help="logra fit runs at once, 1 torch thread each (default 2)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/reasoning_tasks[_quick].json)")
     ap.add_argument("--work-dir", default=str(WORK_DIR / "reasoning_tasks"), help="TensorBoard logs of the runs")
+    ap.add_argument("--resummarize", default=None, help="recompute the summary of this results JSON and exit")
     args = ap.parse_args(argv)
+    if args.resummarize:
+        return resummarize(Path(args.resummarize))
     mode = QUICK if args.quick else FULL
     steps, sweep_steps = args.steps or mode["steps"], args.sweep_steps or mode["sweep_steps"]
     seeds, jobs = args.seeds if args.seeds is not None else mode["seeds"], args.jobs or mode["jobs"]
@@ -225,14 +269,14 @@ def main(argv=None) -> dict:
     started, load_start = time.time(), load_average()
     sweep_extra = [*extra, "--data.train.init_args.test_size", str(mode["sweep_test_size"]),
                    "--data.val.init_args.test_size", str(mode["sweep_test_size"])]  # fmt: skip
-    plan = [(mode["sweep_task"], row, lr, 0, sweep_steps, sweep_extra, work_dir, "sweep_")
+    plan = [(mode["sweep_task"], row, lr, 0, sweep_steps, sweep_extra, work_dir, "sweep_", args.reuse)
             for row in rows if row not in fixed for lr in SWEEP_LRS[row][: mode["sweep_lrs"]]]  # fmt: skip
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes
         sweep_runs = list(pool.map(lambda p: run_one(*p), plan))
         sweep = pick_lrs(sweep_runs)
         lrs = {row: fixed.get(row, (sweep.get(row) or {}).get("lr")) for row in rows}
-        plan = [(task, row, lrs[row], seed, steps, extra, work_dir) for seed in seeds for task in args.tasks
-                for row in rows if lrs[row] is not None]  # fmt: skip
+        plan = [(task, row, lrs[row], seed, steps, extra, work_dir, "", args.reuse)
+                for seed in seeds for task in args.tasks for row in rows if lrs[row] is not None]  # fmt: skip
         runs = list(pool.map(lambda p: run_one(*p), plan))
     result = {
         "command": "python benchmarks/reasoning_tasks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -274,14 +318,16 @@ def section(res: dict) -> list[str]:
             table.append([task, row, _pm(e["accuracy_before"], 100), _pm(e["accuracy_after"], 100),
                           _pm(e["peak_rss_bytes"], 1e-6, ".0f"), _pm(e["train_memory_bytes"], 1e-6, ".0f"),
                           _pm(e.get("train_memory_bytes_reduction_vs_adamw"), 100),
-                          _pm(e.get("peak_rss_bytes_reduction_vs_adamw"), 100),
-                          f"{e['optimizer_state_bytes']['mean'] / 1e6:.1f}", f"{e['step_seconds_median']:.1f}"])  # fmt: skip
+                          _pm(e.get("peak_rss_bytes_reduction_vs_adamw"), 100), f"{e['state_bytes']['mean'] / 1e6:.0f}",
+                          _pm(e.get("state_bytes_reduction_vs_adamw"), 100), f"{e['step_seconds_median']:.1f}"])  # fmt: skip
     for row, a in summ["average"].items():
         table.append(["**average**", row, _pm(a["accuracy_before"], 100), f"**{_pm(a['accuracy_after'], 100)}**", "",
                       "", f"**{_pm(a.get('train_memory_bytes_reduction_vs_adamw'), 100)}**",
-                      _pm(a.get("peak_rss_bytes_reduction_vs_adamw"), 100), "", ""])  # fmt: skip
+                      _pm(a.get("peak_rss_bytes_reduction_vs_adamw"), 100), "",
+                      _pm(a.get("state_bytes_reduction_vs_adamw"), 100), ""])  # fmt: skip
     header = ["task", "row", "accuracy before, %", "accuracy after, %", "trainer peak RSS, MB", "training memory, MB",
-              "training memory vs AdamW, % lower", "peak RSS vs AdamW, % lower", "optimizer state, MB", "s/step"]
+              "training memory vs AdamW, % lower", "peak RSS vs AdamW, % lower", "params + grads + optimizer state, MB",
+              "that vs AdamW, % lower", "s/step"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in table)]
     paper = st["paper_reduction"]
     out += ["", f"Paper: {100 * paper:.1f}% lower average training memory (LoGRA vs dense, reasoning tasks). "

@@ -24,6 +24,13 @@ it already has is wanted, as RL post-training of LLMs mostly does.
 
 Run it alone: ``python -m logra_lightning.reasoning_policy`` (prints the path and accuracies).
 
+**Cost** (measured on the 2-core machine, 1 thread, batch 32, sequences up to ~52 tokens): about
+4 s of CPU per warm-up step, so the 250 steps take about 17 min on an idle core plus a few minutes
+to train the tokenizer, draw the data and evaluate 3 x 256 held-out problems. The loss on completion
+tokens was 1.67 / 1.24 / 1.16 after 25 / 50 / 75 steps; the first full warm-up was stopped there
+(the machine was shared by many jobs, load 10-26, and the process got 13% of a core), so the
+held-out accuracies of the finished policy are not measured yet.
+
 Example::
 
     >>> import tempfile

@@ -202,10 +202,10 @@ def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: 
         assert run["ok"], run.get("error")
         mem = run["memory"]
         assert mem["peak_rss_bytes"] > mem["rss_before_model_bytes"] > 0 and mem["train_memory_bytes"] > 0
-        assert mem["param_bytes"] > 0 and 0.0 <= run["accuracy_after"] <= 1.0
+        assert mem["state_bytes"] >= mem["param_bytes"] > 0 and 0.0 <= run["accuracy_after"] <= 1.0
     logra = res["summary"]["average"]["logra"]
     assert {"train_memory_bytes_reduction_vs_adamw", "peak_rss_bytes_reduction_vs_adamw",
-            "accuracy_after_vs_adamw_points"} <= set(logra)  # fmt: skip
+            "state_bytes_reduction_vs_adamw", "accuracy_after_vs_adamw_points"} <= set(logra)  # fmt: skip
     adamw_state = res["summary"]["per_task"]["sorting"]["adamw"]["optimizer_state_bytes"]["mean"]
     assert res["summary"]["per_task"]["sorting"]["logra"]["optimizer_state_bytes"]["mean"] < adamw_state
     written = plots.main(["--quick", "--results", str(tmp_path)])
@@ -223,7 +223,8 @@ def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() ->
     def run(task, row, seed, train, acc):
         return {"task": task, "row": row, "seed": seed, "ok": True, "accuracy_before": 0.5, "accuracy_after": acc,
                 "step_seconds_median": 1.0, "memory": {"peak_rss_bytes": 2 * train, "train_memory_bytes": train,
-                                                       "optimizer_state_bytes": 1, "grad_bytes": 0}}  # fmt: skip
+                                                       "state_bytes": train, "optimizer_state_bytes": 1,
+                                                       "grad_bytes": 0}}  # fmt: skip
 
     runs = [run("a", "adamw", 0, 100, 0.8), run("a", "logra", 0, 60, 0.9), run("a", "adamw", 1, 200, 0.6),
             run("a", "logra", 1, 100, 0.6), run("b", "adamw", 0, 100, 0.5), run("b", "logra", 0, 80, 0.5),
@@ -235,3 +236,4 @@ def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() ->
     assert avg["train_memory_bytes_reduction_vs_adamw"]["mean"] == pytest.approx((0.3 + 0.35) / 2)  # tasks per seed
     assert avg["accuracy_after_vs_adamw_points"]["mean"] == pytest.approx(((10 + 0) / 2 + (0 + 20) / 2) / 2)
     assert "train_memory_bytes_reduction_vs_adamw" not in got["average"]["adamw"]
+    assert avg["state_bytes_reduction_vs_adamw"]["mean"] == pytest.approx((0.3 + 0.35) / 2)

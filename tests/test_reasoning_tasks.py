@@ -285,4 +285,7 @@ def test_vllm_loads_the_directory_and_round_trips_task_text(tiny_reasoning_path:
     text = "Make 46 from 7 25 3: 3*7=21, 25+21=46; Answer: 25+(3*7)\nSort 10  2:"
     assert vtok.encode(text) == tok.encode(text) and vtok.decode(vtok.encode(text)) == text
     out = llm.generate(["Sort 42 7 19:"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0]
-    assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
+    full = tok.decode(out.token_ids, skip_special_tokens=True)
+    # a random policy emits arbitrary bytes; vLLM's incremental detokenizer holds back a trailing partial character
+    assert vtok.decode(out.token_ids, skip_special_tokens=True) == full and full.startswith(out.text)
+    assert len(full) - len(out.text) <= 1
