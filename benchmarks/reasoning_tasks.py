@@ -337,29 +337,32 @@ def section(res: dict) -> list[str]:
 
 
 def plot(res: dict, plt):
-    """Two panels: training memory and held-out accuracy after RL, per task and row (error bars: std over seeds)."""
+    """Trainer peak RSS, training memory and held-out accuracy after RL, per task and row (error bars: std over seeds)."""
     per_task = res["summary"]["per_task"]
     tasks = list(per_task)
     rows = list(dict.fromkeys(row for t in tasks for row in per_task[t]))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = (("peak_rss_bytes", 1e-6, "trainer process peak RSS (MB)"),
+              ("train_memory_bytes", 1e-6, "training memory (MB): peak - RSS before the model"),
+              ("accuracy_after", 100, "held-out greedy accuracy after RL (%)"))  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
     width = 0.8 / max(len(rows), 1)
     for i, row in enumerate(rows):
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(tasks))]
-        for ax, key, scale in ((axes[0], "train_memory_bytes", 1e-6), (axes[1], "accuracy_after", 100)):
+        for ax, (key, scale, _) in zip(axes, panels):
             vals = [per_task[t].get(row, {}).get(key) for t in tasks]
             ax.bar(xs, [scale * v["mean"] if v else 0 for v in vals], width, yerr=[scale * v["std"] if v else 0 for v in vals],
                    label=row, color=f"C{i}", capsize=3)  # fmt: skip
     before = [per_task[t]["adamw"]["accuracy_before"]["mean"] * 100 for t in tasks if "adamw" in per_task[t]]
     if len(before) == len(tasks):
-        axes[1].scatter(range(len(tasks)), before, marker="_", s=600, color="k", label="before RL", zorder=3)
-    for ax, title in ((axes[0], "trainer training memory (MB): peak RSS - RSS before the model"),
-                      (axes[1], "held-out greedy accuracy after RL (%)")):  # fmt: skip
+        axes[-1].scatter(range(len(tasks)), before, marker="_", s=600, color="k", label="before RL", zorder=3)
+    for ax, (_, _, title) in zip(axes, panels):
         ax.set_xticks(range(len(tasks)), tasks)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Reasoning tasks, {res['settings']['steps']} RL steps, seeds {res['settings']['seeds']}", fontsize=10)
+    st = res["settings"]
+    fig.suptitle(f"Reasoning tasks, policy {st.get('model', 'builtin:reasoning-20m')}, {st['steps']} RL steps, "
+                 f"seeds {st['seeds']}", fontsize=10)  # fmt: skip
     return fig
-
 
 if __name__ == "__main__":
     main()

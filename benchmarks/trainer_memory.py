@@ -11,6 +11,8 @@ It writes ``memory.json`` into the run's log directory at the end of the fit:
   processes of its own and is not counted);
 * ``train_memory_bytes``: ``peak_rss_bytes - rss_before_model_bytes`` (the definition of
   ``benchmarks/optimizer_memory.py``);
+* ``cpu_seconds``: user + system CPU time of the trainer process (not of the engine's processes), a
+  load-independent cost figure on a shared machine;
 * ``param_bytes``, ``grad_bytes``, ``optimizer_state_bytes``: exact bytes of the tensors, the largest
   seen after any training batch (gradients counted after backward, before ``zero_grad`` would run
   the next step; :mod:`logra_lightning.optim.accounting`).
@@ -25,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import json
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,8 @@ class TrainerPeakMemory(L.Callback):
         if stage != "fit" or not self.record or not trainer.is_global_zero or not trainer.log_dir:
             return
         self.record["peak_rss_bytes"] = _status_bytes("VmHWM")
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.record["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 1)
         self.record["train_memory_bytes"] = self.record["peak_rss_bytes"] - self.record["rss_before_model_bytes"]
         Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(trainer.log_dir) / FILE).write_text(json.dumps(self.record, indent=2))
