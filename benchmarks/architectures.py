@@ -25,13 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, load_average, machine_info, write_result  # noqa: E402
+from benchmarks.report import Report, clip, load_text, met, num, table  # noqa: E402
 
 TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
@@ -42,9 +41,10 @@ def digit_share(prompts: list[str], completions: list[str], answers: list[str]) 
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
-@torch.no_grad()
 def sampled_gap(engine, policy, tokenizer, seed: int = 0) -> tuple[float, float]:
     """``(mean, max)`` |engine - trainer| logprob of tokens the engine samples (T=1) from :data:`PROMPTS`."""
+    import torch
+
     from logra_lightning.rollout import SamplingConfig
 
     prompts = [tokenizer.encode(p) for p in PROMPTS]
@@ -53,7 +53,8 @@ def sampled_gap(engine, policy, tokenizer, seed: int = 0) -> tuple[float, float]
     for i, ids in enumerate(out.completion_ids):
         prompt = out.prompt_ids[i // out.n]
         seq = torch.tensor([prompt + ids])
-        logits = policy(seq).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
+        with torch.no_grad():
+            logits = policy(seq).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
         lp = torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompt) :, None]).squeeze(-1)  # [T]
         diffs.append((lp - torch.tensor(out.logprobs[i])).abs())
     d = torch.cat(diffs)
@@ -71,6 +72,7 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
     from logra_lightning.module import PolicyGradientModule
     from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
+    from logra_lightning.sync_wire import tensor_nbytes
 
     t0 = time.perf_counter()
     path = build_tiny_model(Path(workdir) / arch, TinyModelConfig(architecture=arch, num_layers=2,
@@ -112,7 +114,7 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                         num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, dm)
-    dense_bytes = sum(p.numel() * p.element_size() for p in module.policy.parameters())
+    dense_bytes = sum(map(tensor_nbytes, module.policy.parameters()))
     record.update(
         steps=steps, full_syncs=sync.full_syncs, lowrank_syncs=sync.lowrank_syncs,
         step_gap_mean=[g[0] for g in gaps], step_gap_max=[g[1] for g in gaps],
@@ -124,6 +126,35 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
     )  # fmt: skip
     record["lowrank_sync_share"] = record["lowrank_sync_bytes"] / dense_bytes
     return record
+
+
+# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
+    steps = next((r["steps"] for r in res["rows"] if r.get("ok")), "?")
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, at end "
+           f"{load_text(res['load_end'])}. Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
+           f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
+           "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
+           f"low-rank syncs (limit {res['drift_limit']:g}).", ""]  # fmt: skip
+    rows = []
+    for r in res["rows"]:
+        if not r.get("ok"):
+            rows.append([r["architecture"], "failed: " + clip(r.get("error", ""), 160)] + [""] * 6)
+            continue
+        rows.append([r["architecture"], f"`{r['hf_class']}`", "tied" if r["tied_embeddings"] else "untied",
+                     f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
+                     f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= res['drift_limit'])})",
+                     f"{r['lowrank_sync_share']:.3f}", num(r["relative_weight_change_max"], ".3f"),
+                     num(r["seconds"], ".0f")])  # fmt: skip
+    out += table(["family", "HF / vLLM class", "embeddings", "LoGRA matrices / dense params", "drift max",
+                  "low-rank sync bytes / full", "max relative weight change", "s"], rows) + [""]  # fmt: skip
+    return out, {}
+
+
+REPORTS = {"architectures": Report("Every architecture: low-rank sync into vLLM", section)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -140,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.only, args.steps = ["phi3"], 2
         if args.out == RESULTS / "architectures.json":
             args.out = RESULTS / "architectures_quick.json"
+    import torch
+
     torch.set_num_threads(1)
     start, load = time.perf_counter(), load_average()
     rows = []
@@ -159,5 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    import torch
+
     torch.multiprocessing.set_start_method("spawn", force=True)
     main()

@@ -43,7 +43,9 @@ Reported per run: the held-out accuracy curve, the per-step ``kl/realized``, ``k
 median step seconds. Overhead (``demo_overhead``): per step, the callback logs
 ``kl/control_seconds`` (wall time it added) next to the module's ``perf/step_seconds`` (which
 includes it); ``overhead_share = median(control) / median(step - control)`` over the steps after
-the first ``--overhead-warmup`` (5; 0 with ``--quick``), target <= 15%. That one is a timing:
+the first ``--overhead-warmup`` (5; 0 with ``--quick``), target <= 5% (issue 18; it was 15%); the mean
+``overhead_share_mean = mean(control) / mean(step - control)`` counts the measured steps' extra forward
+too. That one is a timing:
 run it on a quiet machine (the load is recorded with every run).
 Results: ``benchmarks/results/kl_control[_quick].json``.
 """
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import math
 import statistics
 import sys
@@ -64,9 +67,10 @@ from benchmarks.common import (  # noqa: E402
     CONFIGS, RESULTS, WORK_DIR, budget_args, config_callbacks, config_defaults, load_average, logra_fit, machine_info, write_result,
 )  # fmt: skip
 from benchmarks.quality import QUICK  # noqa: E402
+from benchmarks.report import Report, clip, load_text, met, num, pct, table  # noqa: E402
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
-TARGETS = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), "overhead_share_max": 0.15}
+TARGETS = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), "overhead_share_max": 0.05}
 OVERHEAD = {"steps": 60, "warmup": 5}  # --quick: QUICK["steps"] steps, no warm-up skipped
 KEEP = ("val/accuracy", "kl/realized", "kl/predicted", "kl/predicted_unscaled", "kl/step_scale", "kl/calibration",
         "kl/control_seconds", "reward/mean")  # fmt: skip
@@ -161,6 +165,10 @@ def overhead_summary(scalars: dict, warmup: int) -> dict:
                    control_seconds_median=statistics.median(control[s] for s in steps),
                    step_seconds_without_control_median=without)  # fmt: skip
         out["overhead_share"] = out["control_seconds_median"] / without if without > 0 else None
+        mean_control = statistics.fmean(control[s] for s in steps)
+        mean_without = statistics.fmean(step[s] - control[s] for s in steps)
+        out["control_seconds_mean"] = mean_control
+        out["overhead_share_mean"] = mean_control / mean_without if mean_without > 0 else None
     return out
 
 
@@ -187,6 +195,117 @@ def _print(run: dict) -> None:
 
 def _budget(steps: int, val_every: int, quick: bool) -> list[str]:
     return budget_args(steps, val_every, QUICK["test_size"] if quick else None)
+
+
+# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """Per run: accuracy, realized vs predicted KL, step time; then the accuracy, targets and overhead verdicts."""
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}. "
+           f"Config `{st['config']}`, LoGRA {json.dumps(st['logra'])}, default lr {st['default_lr']:g}, high lr "
+           f"{st['high_lr']:g}, target_kl T = {st['target_kl']:g}, min_scale {st['min_scale']}, measure_every "
+           f"{st['measure_every']}, {st['steps']} steps"
+           + (f"; lr and control settings from `{st['demo_config']}`." if st.get("demo_config") else "."), ""]  # fmt: skip
+    rows = []
+    for r in res["runs"]:
+        if not r["ok"]:
+            rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", "failed: " + clip(r["error"], 120)] + [""] * 5)
+            continue
+        k = r.get("kl", {"measured_steps": "–"})  # demo_overhead: timing only
+        rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
+                     str(k["measured_steps"]), pct(k.get("realized_within_1.5T_share")), num(k.get("realized_max"), ".2e"),
+                     num(k.get("median_abs_log_realized_over_raw_predicted"), ".2f"), num(r["step_seconds_median"], ".2f")])  # fmt: skip
+    out += table(["run", "seed", "lr", "held-out accuracy", "measured steps", "realized ≤ 1.5 T", "max realized KL",
+                  "median abs log(realized / raw predicted)", "s/step"], rows) + [""]  # fmt: skip
+    return out + _accuracy_lines(res) + _target_lines(res) + _overhead_lines(res), {}
+
+
+def _accuracy_lines(res: dict) -> list[str]:
+    """Final held-out accuracy per row over the seeds, and the "no worse than the default lr" verdict."""
+    acc = res.get("accuracy")  # kl_control.accuracy_summary of the runs in the table above
+    if not acc:
+        return []
+    parts = [f"{row} {pct(a['mean'])} (min {pct(a['min'])}, max {pct(a['max'])}, {a['n']} seeds)"
+             for row, a in acc.items() if isinstance(a, dict) and "mean" in a]  # fmt: skip
+    if not parts:
+        return []
+    verdict, diff = acc["controlled_no_worse_than_default"], acc.get("controlled_vs_default")
+    text = "not measured" if verdict is None else met(verdict)
+    if diff:
+        se = diff["paired_standard_error_points"]
+        text += (f": {diff['mean_difference_points']:+.2f} points; paired by seed "
+                 + " / ".join(f"{d:+.1f}" for d in diff["paired_difference_points"])
+                 + (f" (standard error {se:.2f})" if se is not None else ""))  # fmt: skip
+    return [f"Held-out accuracy at the end, mean over seeds: {'; '.join(parts)}. Target: the controlled high-lr mean is "
+            f"no worse than the default-lr mean → {text}.", ""]  # fmt: skip
+
+
+def _target_lines(res: dict) -> list[str]:
+    """The controlled runs' share within 1.5 T against its target; every run's prediction error against log 1.5."""
+    t = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), **res.get("targets", {})}
+    ok = [r for r in res["runs"] if r["ok"] and "kl" in r]
+    share = [f"{r['row']} seed {r['seed']} {pct(r['kl']['realized_within_1.5T_share'])} "
+             f"({met(r['kl']['realized_within_1.5T_share'] >= t['realized_within_1.5T_share_min'])})"
+             for r in ok if r["row"] == "high_lr_kl_control" and "realized_within_1.5T_share" in r["kl"]]  # fmt: skip
+    pred = [f"{r['row']} {r['kl']['median_abs_log_realized_over_raw_predicted']:.2f} "
+            f"({met(r['kl']['median_abs_log_realized_over_raw_predicted'] <= t['median_abs_log_ratio_max'])})"
+            for r in ok if "median_abs_log_realized_over_raw_predicted" in r["kl"]]  # fmt: skip
+    return [f"Targets: with control at the high lr, realized KL ≤ 1.5 T on ≥ {pct(t['realized_within_1.5T_share_min'], 0)} "
+            f"of measured steps → {', '.join(share) or 'not measured'}; prediction quality, median |log(realized / raw "
+            f"predicted)| ≤ log 1.5 = {t['median_abs_log_ratio_max']:.3f} → {', '.join(pred) or 'not measured'}.", ""]  # fmt: skip
+
+
+def _overhead_lines(res: dict) -> list[str]:
+    """The ``demo_overhead`` run: time the control adds per step, against its target share."""
+    run = next((r for r in res["runs"] if r["row"] == "demo_overhead"), None)
+    if run is None:
+        return ["_Control overhead not measured in this result_ (the `demo_overhead` run is newer than it).", ""]
+    if not run["ok"] or "overhead_share" not in run.get("overhead", {}):
+        return [f"Control overhead: the `demo_overhead` run failed: {clip(run.get('error', 'no steps logged'), 200)}", ""]
+    o, st = run["overhead"], res["settings"]
+    limit = res["targets"]["overhead_share_max"]
+    return [f"Control overhead (`demo_overhead`: `{st.get('demo_config')}` as shipped, {st['overhead_steps']} steps, "
+            f"medians over {o['steps_used']} steps after the first {o['warmup_steps_skipped']}; load at start "
+            f"{load_text(run['load_before'])}): step {o['step_seconds_median']:.3f} s, of which the control "
+            f"{o['control_seconds_median']:.3f} s → overhead **{pct(o['overhead_share'])}** of a step without it "
+            f"(≤ {pct(limit, 0)}: {met(o['overhead_share'] <= limit)}).", ""]  # fmt: skip
+
+
+def plot(res: dict, plt):
+    """Realized KL, held-out accuracy and step scale per step, one line per run."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    target = res["settings"]["target_kl"]
+    colors, labelled = {}, set()  # one colour per row, one legend entry per row; seeds share it
+    for run in res["runs"]:
+        if not run["ok"] or "kl" not in run:  # demo_overhead is a timing run (kl_control.py)
+            continue
+        color = colors.setdefault(run["row"], f"C{len(colors)}")
+        label = None if run["row"] in labelled else f"{run['row']} (lr {run['lr']:g})"
+        labelled.add(run["row"])
+        style = dict(color=color, label=label, alpha=0.8)
+        c = run["curves"]
+        if c.get("kl/realized"):
+            axes[0].plot(*zip(*c["kl/realized"]), lw=0.8, **style)
+        if c.get("val/accuracy"):
+            axes[1].plot(*zip(*[(s, 100 * v) for s, v in c["val/accuracy"]]), marker="o", ms=3, **style)
+        if c.get("kl/step_scale"):
+            axes[2].plot(*zip(*c["kl/step_scale"]), lw=0.8, **style)
+    axes[0].axhline(target, color="gray", ls="--", lw=0.8, label="target T")
+    axes[0].axhline(1.5 * target, color="red", ls=":", lw=0.8, label="1.5 T")
+    axes[0].set_yscale("log")
+    axes[0].set_title("realized per-token KL of each step", fontsize=9)
+    axes[1].set_title("held-out greedy accuracy (%)", fontsize=9)
+    axes[2].set_title("step scale eta (1 = no control)", fontsize=9)
+    fig.suptitle(f"seeds {res['settings'].get('seeds')}: one line per seed", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=7)
+    return fig
+
+
+REPORTS = {"kl_control": Report("KL step control at a high learning rate", section, plot)}
 
 
 def main(argv=None) -> dict:

@@ -58,6 +58,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, run_worker, shape_config, write_result,
 )  # fmt: skip
+from benchmarks.optimizer_rows import (  # noqa: E402
+    DESCRIPTION, PEER_MODULES, ROWS, deep_state_bytes, make_optimizer, tensor_only_state_bytes,
+)  # fmt: skip
+from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table  # noqa: E402
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
 # another job ran (OpenMP threads wait on each other), which made wall times of rows measured
@@ -65,22 +69,8 @@ from benchmarks.common import (  # noqa: E402
 RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
        "quick": dict(seq=32, batch=2, rank=8, warmup=1, steps=3, threads=1)}  # fmt: skip
 RUN_OVERRIDES = {"400m": dict(steps=2)}
-ROWS = ["adamw", "logra", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
-        "adamw8bit_torchao", "floor_grads", "floor_nograd"]  # fmt: skip
 SIZES = {"full": {"25m": ROWS, "100m": ROWS, "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd"]},
          "quick": {"quick": ROWS}}  # fmt: skip
-DESCRIPTION = {
-    "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
-    "logra": "LoGRA rank r, sketch in backward, embeddings low-rank (default)",
-    "logra_dense_embed": "LoGRA rank r, sketch in backward, embeddings/lm_head on dense AdamW",
-    "logra_fullgrad": "LoGRA rank r, sketch_in_backward=False (full grads, projected in step)",
-    "galore": "galore_torch.GaLoreAdamW rank r on attn/mlp, rest dense",
-    "apollo": "apollo_torch.APOLLOAdamW rank r (random proj, channel scale) on attn/mlp, rest dense",
-    "adamw8bit_bnb": "bitsandbytes.optim.AdamW8bit (block-wise 8-bit moments, CPU backend)",
-    "adamw8bit_torchao": "torchao.optim.AdamW8bit (8-bit moments as tensor subclass, torch.compile'd step)",
-    "floor_grads": "no optimizer: full grads materialized, then dropped after backward",
-    "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
-}
 TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
            "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15}  # fmt: skip
 
@@ -94,112 +84,6 @@ def _build_model(cfg: dict, seq: int):
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model
-
-
-def _lowrank_linear_params(model):
-    lowrank, rest = [], []
-    for name, p in model.named_parameters():
-        (lowrank if p.ndim == 2 and (".self_attn." in name or ".mlp." in name) else rest).append(p)
-    return lowrank, rest
-
-
-def make_optimizer(name: str, model, rank: int):
-    """The optimizer of row ``name`` (``None`` for the no-optimizer floors)."""
-    import torch
-
-    from logra_lightning.optim import LoGRA, logra_param_groups
-
-    hp = dict(lr=1e-5, weight_decay=0.0)
-    if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), **hp)
-    if name == "logra":
-        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), **hp)
-    if name == "logra_dense_embed":
-        groups = logra_param_groups(model, rank=rank, update_proj_gap=200, exclude=[r"embed_tokens", r"lm_head"])
-        return LoGRA(groups, **hp)
-    if name == "logra_fullgrad":
-        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), sketch_in_backward=False, **hp)
-    if name == "galore":
-        from galore_torch import GaLoreAdamW
-
-        lowrank, rest = _lowrank_linear_params(model)
-        return GaLoreAdamW(
-            [{"params": rest}, {"params": lowrank, "rank": rank, "update_proj_gap": 200, "scale": 0.25,
-                                "proj_type": "std"}], no_deprecation_warning=True, **hp)  # fmt: skip
-    if name == "apollo":
-        from apollo_torch import APOLLOAdamW
-
-        lowrank, rest = _lowrank_linear_params(model)
-        return APOLLOAdamW(
-            [{"params": rest}, {"params": lowrank, "rank": rank, "proj": "random", "scale_type": "channel",
-                                "scale": 1, "update_proj_gap": 200, "proj_type": "std"}], **hp)  # fmt: skip
-    if name == "adamw8bit_bnb":
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(model.parameters(), **hp)
-    if name == "adamw8bit_torchao":
-        from torchao.optim import AdamW8bit
-
-        return AdamW8bit(model.parameters(), **hp)
-    if name == "floor_nograd":
-        for p in model.parameters():
-            p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
-        return None
-    if name == "floor_grads":
-        return None
-    raise ValueError(f"unknown row {name!r} (allowed: {', '.join(ROWS)})")
-
-
-def deep_state_bytes(optimizer) -> int:
-    """Bytes of every tensor reachable from ``optimizer.state``: through dicts, lists, plain objects'
-    attributes (GaLore/APOLLO projectors) and tensor-subclass internals (torchao), each storage once."""
-    import torch
-
-    seen_storage: set[int] = set()
-    seen_obj: set[int] = set()
-    total = 0
-
-    def visit(obj, depth: int) -> None:
-        nonlocal total
-        if depth > 8 or id(obj) in seen_obj:
-            return
-        seen_obj.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
-                names, _ = obj.__tensor_flatten__()
-                for n in names:
-                    visit(getattr(obj, n), depth + 1)
-                return
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in seen_storage and storage.nbytes():
-                seen_storage.add(storage.data_ptr())
-                total += storage.nbytes()
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                visit(v, depth + 1)
-        elif isinstance(obj, (list, tuple, set)):
-            for v in obj:
-                visit(v, depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            for v in vars(obj).values():
-                visit(v, depth + 1)
-
-    visit(list(optimizer.state.values()), 0)
-    return total
-
-
-PEER_MODULES = {"galore": "galore_torch", "apollo": "apollo_torch", "adamw8bit_bnb": "bitsandbytes",
-                "adamw8bit_torchao": "torchao.optim"}  # fmt: skip
-
-
-def _tensor_only_state_bytes(opt) -> int | str:
-    """:func:`~logra_lightning.optim.accounting.optimizer_state_bytes`, or its error (tensor subclasses)."""
-    from logra_lightning.optim.accounting import optimizer_state_bytes
-
-    try:
-        return optimizer_state_bytes(opt)
-    except RuntimeError as e:
-        return f"{type(e).__name__}: {e}"
 
 
 def worker(name: str, size: str, run: dict) -> dict:
@@ -253,7 +137,7 @@ def worker(name: str, size: str, run: dict) -> dict:
         "param_bytes": param_bytes(model),
         "grad_bytes_after_backward": grads_after_backward,
         "optimizer_state_bytes": deep_state_bytes(opt) if opt is not None else 0,
-        "optimizer_state_bytes_tensors": _tensor_only_state_bytes(opt) if opt is not None else 0,
+        "optimizer_state_bytes_tensors": tensor_only_state_bytes(opt) if opt is not None else 0,
         "rss_before_model_bytes": rss_before,
         "train_peak_bytes": max(warm_peak, steady_hwm) - rss_before,
         "steady_peak_bytes": steady_hwm - rss_before,
@@ -311,6 +195,99 @@ def _acceptance(sizes: dict[str, list[dict]]) -> dict | None:
         "step_time_ok": row["step_time_ratio_vs_adamw"] <= TARGETS["step_time_ratio_vs_adamw_max"],
         "lowrank_grads_freed": row["grad_bytes_after_backward"] < row["param_bytes"] * 0.05,
     }
+
+
+# The README sections and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """Per size, a table of every row against AdamW; the issue-3 targets and whether they were met."""
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load (1/5/15 min) at start "
+           f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. Run settings: `{json.dumps(res['run'])}`.", ""]  # fmt: skip
+    for size, rows in res["sizes"].items():
+        params = next((r["params"] for r in rows if r.get("ok")), None)
+        out += [f"**{size}** ({num(params / 1e6 if params else None, '.1f')}M params, shape "
+                f"`benchmarks/configs/qwen2-{size}.json`)", ""]  # fmt: skip
+        cells = []
+        for r in rows:
+            if not r.get("ok"):
+                cells.append([r["name"], "failed: " + clip(r.get("error", ""), 160)] + [""] * 10)
+                continue
+            cells.append([
+                r["name"], num(r["train_peak_bytes"] / MB, ".0f"), pct(r.get("train_memory_reduction_vs_adamw")),
+                num(r["steady_peak_bytes"] / MB, ".0f"), num(r["optimizer_state_bytes"] / MB, ".1f"),
+                pct(r.get("state_ratio_vs_adamw")), num(r["grad_bytes_after_backward"] / MB, ".1f"),
+                num(r["step_time_s_median"], ".2f"), num(r.get("step_time_ratio_vs_adamw"), ".2f"),
+                num(r.get("step_cpu_ratio_vs_adamw"), ".2f"), str(r.get("threads", res["run"]["threads"]))
+                + (f" ×{len(r['repeats'])}" if r.get("repeats") else ""), load_text(r.get("load_before")),
+            ])  # fmt: skip
+        out += table(["row", "training MB", "vs AdamW", "steady MB", "state MB", "state / AdamW", "grads after bwd MB",
+                      "step s (median)", "time × AdamW", "CPU time × AdamW", "threads (× repeats)", "load at start"],
+                      cells) + [""]  # fmt: skip
+    out += ["Rows: " + "; ".join(f"`{r['name']}`: {r['description']}" for r in next(iter(res["sizes"].values()))), ""]
+    acc = res.get("acceptance")
+    if acc:
+        t = res["targets"]
+        out += [f"Issue-3 targets ({t['size']}, `{t['row']}`): state ≤ {pct(t['state_ratio_vs_adamw_max'], 0)} of AdamW's → "
+                f"{pct(acc['state_ratio_vs_adamw'])} ({'met' if acc['state_ratio_ok'] else 'missed'}); training memory "
+                f"≥ {pct(t['train_memory_reduction_vs_adamw_min'], 0)} below AdamW → {pct(acc['train_memory_reduction_vs_adamw'])} "
+                f"({'met' if acc['train_memory_ok'] else 'missed'}); step time ≤ {t['step_time_ratio_vs_adamw_max']}× → "
+                f"{acc['step_time_ratio_vs_adamw']:.2f}× wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× CPU time "
+                f"({'met' if acc['step_time_ok'] else 'missed'} on wall time; timings on a loaded machine are noisy, "
+                f"see the load column).", ""]  # fmt: skip
+    return out, acc or {}
+
+
+def plot(res: dict, plt):
+    """Training memory, optimizer state and step CPU time per row, one bar per size."""
+    sizes = list(res["sizes"])
+    names = list(dict.fromkeys(r["name"] for s in sizes for r in res["sizes"][s]))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    width = 0.8 / max(len(sizes), 1)
+    metrics = [("train_peak_bytes", "training memory (GB): peak RSS - RSS before model", GB),
+               ("optimizer_state_bytes", "optimizer state (GB)", GB),
+               ("step_cpu_ratio_vs_adamw", "step CPU time / AdamW's (median)", 1.0)]  # fmt: skip
+    for ax, (key, title, scale) in zip(axes, metrics):
+        for i, size in enumerate(sizes):
+            rows = {r["name"]: r for r in res["sizes"][size]}
+            xs = [j + i * width for j in range(len(names))]
+            vals = [rows[n][key] / scale if n in rows and rows[n].get("ok") and rows[n].get(key) is not None else 0.0
+                    for n in names]  # fmt: skip
+            ax.bar(xs, vals, width, label=size)
+            for x, n in zip(xs, names):
+                if n in rows and not rows[n].get("ok"):
+                    ax.text(x, 0, "x", ha="center", va="bottom", color="red")
+        ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(names))])
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        if key == "step_cpu_ratio_vs_adamw":
+            ax.axhline(1.15, color="gray", ls="--", lw=0.8)
+    axes[0].legend(title="model")
+    fig.suptitle("Optimizer memory and speed (each row its own process; x = failed row)", fontsize=10)
+    return fig
+
+
+def headline(found: dict) -> list[str]:
+    """The headline bullet: LoGRA's memory, state and step time against AdamW's (step times from the 1-thread pass)."""
+    acc = found.get("optimizer_memory")
+    timing = found.get("optimizer_step_time")
+    if acc and timing:  # the interleaved 1-thread pass is the better step-time measurement under load
+        acc = {**acc, **{k: timing[k] for k in ("step_time_ratio_vs_adamw", "step_cpu_ratio_vs_adamw")}}
+    if not acc:
+        return []
+
+    def flag(ok: bool) -> str:
+        return "target met" if ok else "**target missed**"
+
+    return [f"- Training memory, ~100M model, LoGRA rank 64: **{pct(acc['train_memory_reduction_vs_adamw'])} below "
+            f"AdamW** (≥ 45%: {flag(acc['train_memory_ok'])}); optimizer state **{pct(acc['state_ratio_vs_adamw'])}** "
+            f"of AdamW's (≤ 10%: {flag(acc['state_ratio_ok'])}); step time **{acc['step_time_ratio_vs_adamw']:.2f}× "
+            f"AdamW** wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× in CPU time (≤ 1.15×: "
+            f"{flag(acc['step_time_ratio_vs_adamw'] <= 1.15)}) ([table](#optimizer-memory-and-speed))."]  # fmt: skip
+
+
+REPORTS = {"optimizer_memory": Report("Optimizer memory and speed", section, plot, headline),
+           "optimizer_step_time": Report("Step time: 1 thread, rows interleaved and repeated", section)}  # fmt: skip
 
 
 def main(argv=None) -> dict:

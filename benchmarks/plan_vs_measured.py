@@ -20,7 +20,7 @@ logits, ``grpo.gather_logprobs`` (fp32 log-softmax), a policy-gradient loss, bac
 Compared per row (errors are ``predicted / measured - 1``):
 
 * ``exact``: parameters, gradients alive after the first backward and optimizer state after a
-  step, summed over the real tensors, against :func:`logra_lightning.plan.plan_optimizer`
+  step, summed over the real tensors, against :func:`logra_lightning.plan.memory.plan_optimizer`
   (target: within 2%);
 * ``peak``: the planner's peak (one process, no FSDP, ``--adamw-impl for-loop``, the CPU
   default, no reserve) against the measured peak RSS increase (target: within 20%), once with
@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, load_average, proc_memory, reset_peak_rss, run_worker, write_result  # noqa: E402
+from benchmarks.report import MB, Report, clip, load_text, met, num, pct, table  # noqa: E402
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
@@ -81,17 +82,9 @@ def _config_dict(shape: dict, seq: int) -> dict:
 
 def _exact_bytes(model, opt) -> tuple[int, int, int]:
     """(params, live grads, optimizer state) summed over the real tensors."""
-    try:
-        from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
+    from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
 
-        return param_bytes(model), grad_bytes(model), optimizer_state_bytes(opt)
-    except ImportError:  # before optim/accounting.py exists: the same sums
-        import torch
-
-        params = list({id(p): p for p in model.parameters()}.values())
-        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
-        state = sum(nbytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
-        return sum(map(nbytes, params)), sum(nbytes(p.grad) for p in params if p.grad is not None), state
+    return param_bytes(model), grad_bytes(model), optimizer_state_bytes(opt)
 
 
 def _rl_step(model, opt, ids, adv) -> int:
@@ -219,6 +212,58 @@ def _run_worker(size: str, opt_name: str, ckpt: bool, malloc: str, quick: bool) 
     out = RESULTS / f".plan_worker_{size}_{opt_name}_{int(ckpt)}_{malloc}.json"
     args = ["--worker", size, opt_name, str(int(ckpt))] + (["--quick"] if quick else [])
     return run_worker(__file__, args, out, env=MALLOC[malloc])
+
+
+# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """``logra plan`` against measured bytes and peaks, per size x optimizer x activation checkpointing."""
+    t, allocators = res["targets"], list(res.get("allocators", {}))
+    wall = res.get("wall_seconds", sum(r.get("wall_s", 0.0) for r in res["rows"]))
+    load = (f"load at start {load_text(res['load_start'])}, at end {load_text(res.get('load_end'))}" if res.get("load_start")
+            else "load not recorded")  # fmt: skip
+    mallocs = "; ".join(f"`{m}`: {doc}" for m, doc in res.get("allocators", {}).items())
+    out = [f"Command: `{res['command']}` — {wall:.0f} s, {load}. Run settings: `{json.dumps(res['run'])}`. Errors are "
+           f"predicted / measured − 1; allocator settings: {mallocs}.", ""]  # fmt: skip
+    slack_fit = res["summary"].get("allocator_slack_fit")
+    fitted_head = [f"peak error (`default`, slack {pct(slack_fit['slack'])})"] if slack_fit else []
+    rows = []
+    for r in res["rows"]:
+        pred, err = r["predicted"], r["error"]
+        # the exact sums are the same tensors under every allocator setting: show the worst
+        exact = max((e["params_grads_state"] for e in err.values()), key=abs, default=None)
+        pred_exact = pred["param_bytes"] + pred["grad_bytes"] + pred["optimizer_state_bytes"]
+        peaks = []
+        for m in allocators:
+            meas = r["measured"].get(m)
+            peaks += ([num(meas["train_peak_bytes"] / MB, ".0f"), pct(err[m]["peak"])] if meas
+                      else ["failed: " + clip(r.get("failed", {}).get(m, ""), 80), ""])  # fmt: skip
+        fitted = [pct(err.get("default", {}).get("peak_with_fitted_slack"))] if slack_fit else []
+        rows.append([r["size"], num(pred["params_m"], ".1f"), r["optimizer"], "on" if r["activation_checkpointing"] else "off",
+                     num(pred_exact / MB, ".1f"), pct(exact, 2), num(pred["peak_bytes"] / MB, ".0f"), pred["peak_phase"],
+                     *peaks, *fitted, num(r.get("wall_s"), ".0f")])  # fmt: skip
+    out += table(["size", "params (M)", "optimizer", "act. ckpt", "params+grads+state MB (plan)", "error",
+                  "peak MB (plan)", "peak phase", *(h for m in allocators for h in (f"peak MB (`{m}`)", f"peak error (`{m}`)")),
+                  *fitted_head, "wall s"], rows) + [""]  # fmt: skip
+    s = res["summary"]
+    exact = s.get("max_abs_error_params_grads_state")
+    verdicts = [f"params+grads+state within {pct(t['params_grads_state_abs_error_max'], 0)} → worst {pct(exact, 2)} "
+                f"({met(exact is not None and exact <= t['params_grads_state_abs_error_max'])})"]  # fmt: skip
+    for m in allocators:
+        peak = s.get(f"max_abs_error_peak_{m}")
+        verdicts.append(f"peak within {pct(t['peak_abs_error_max'], 0)} under `{m}` → worst {pct(peak)} "
+                        f"({met(peak is not None and peak <= t['peak_abs_error_max'])})")  # fmt: skip
+    if slack_fit:
+        held = s.get("max_abs_error_peak_default_fitted_slack_held_out")
+        verdicts.append(f"peak within {pct(t['peak_abs_error_max'], 0)} under `default` with `--allocator-slack "
+                        f"{slack_fit['slack']:.3f}` fitted on the {slack_fit['size']} rows → worst held-out (other sizes) "
+                        f"{pct(held)} ({met(held is not None and held <= t['peak_abs_error_max'])})")  # fmt: skip
+    out += ["Targets: " + "; ".join(verdicts) + f"; failed rows: {s.get('failed_rows', 0)}.", ""]
+    return out, s
+
+
+REPORTS = {"plan_vs_measured": Report("Memory planner vs measurement", section)}
 
 
 def main(argv=None) -> dict:

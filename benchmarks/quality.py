@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     CONFIGS, RESULTS, WORK_DIR, budget_args, config_defaults, load_average, logra_fit, machine_info, write_result,
 )  # fmt: skip
+from benchmarks.report import Report, load_text, num, pct, table  # noqa: E402
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
@@ -137,6 +138,66 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
     print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
                          if run["ok"] else f"FAILED {run['error'][-300:]}"), flush=True)  # fmt: skip
     return run
+
+
+# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """Held-out accuracy per row: mean ± std over seeds, and against AdamW's."""
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, "
+           f"at end {load_text(res['load_end'])}. Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
+           f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
+           f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}, {st.get('jobs', 1)} run(s) at a time "
+           "(1 torch thread each: s/step is a rough cost figure, accuracy does not depend on it).", ""]  # fmt: skip
+    rows = []
+    for row, s in res["summary"].items():
+        if "accuracy_after" not in s:
+            rows.append([row, "–", f"0/{s['runs']} ok", "", "", "", ""])
+            continue
+        a, b = s["accuracy_after"], s["accuracy_before"]
+        lr = st["optimizers"][row]["init_args"]["lr"]
+        rows.append([row, f"{lr:g}", f"{s['ok_runs']}/{s['runs']}", pct(b["mean"]),
+                     f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})",
+                     num(s.get("accuracy_after_vs_adamw_points"), "+.1f"), num(s.get("step_seconds_median"), ".2f")])  # fmt: skip
+    out += table(["row", "lr", "runs ok", "accuracy before", "accuracy after, % (mean ± std, min–max)",
+                  "vs AdamW (points)", "s/step (median)"], rows) + [""]  # fmt: skip
+    return out, res["summary"]
+
+
+def plot(res: dict, plt):
+    """Held-out accuracy curves per row, mean ± std over seeds."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row, s in res["summary"].items():
+        if "curve" not in s:
+            continue
+        steps = [c[0] for c in s["curve"]]
+        mean = [100 * c[1] for c in s["curve"]]
+        std = [100 * c[2] for c in s["curve"]]
+        (line,) = ax.plot(steps, mean, marker="o", ms=3, label=f"{row} (n={s['ok_runs']})")
+        ax.fill_between(steps, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
+                        color=line.get_color(), alpha=0.15)  # fmt: skip
+    st = res["settings"]
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("held-out greedy accuracy (%)")
+    ax.set_title(f"Arithmetic RL: mean ± std over seeds {st['seeds']} (lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g})",
+                 fontsize=9)  # fmt: skip
+    ax.legend(fontsize=8)
+    return fig
+
+
+def headline(found: dict) -> list[str]:
+    """The headline bullet: each row's held-out accuracy after RL against AdamW's."""
+    parts = [f"{row} {s['accuracy_after_vs_adamw_points']:+.1f}" for row, s in (found.get("quality") or {}).items()
+             if row != "adamw" and "accuracy_after_vs_adamw_points" in s]  # fmt: skip
+    if not parts:
+        return []
+    return [f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
+            "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."]
+
+
+REPORTS = {"quality": Report("Quality: held-out accuracy on the arithmetic RL task", section, plot, headline)}
 
 
 def main(argv=None) -> dict:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import CONFIGS, RESULTS, WORK_DIR, load_average, logra_fit, machine_info, write_result  # noqa: E402
+from benchmarks.report import Report, table  # noqa: E402
 
 TASKS = ("arithmetic", "countdown", "sorting")
 ROWS = ("adamw", "logra", "lora")
@@ -299,8 +300,8 @@ def _pm(s: dict | None, scale: float = 1.0, fmt: str = ".1f") -> str:
     return "–" if not s else f"{format(scale * s['mean'], fmt)} ± {format(scale * s['std'], fmt)}"
 
 
-def section(res: dict) -> list[str]:
-    """The README section (markdown lines) of a results dict."""
+def section(res: dict) -> tuple[list[str], dict]:
+    """The README section (Markdown lines) of a results dict, and its summary for the headline."""
     st, summ = res["settings"], res["summary"]
     lrs = ", ".join(f"{row} {lr:g}" for row, lr in st["lrs"].items() if lr is not None)
     scores = "; ".join(f"{row}: " + ", ".join(f"{lr} → {v:.3f}" for lr, v in s["late_reward"].items())
@@ -312,28 +313,41 @@ def section(res: dict) -> list[str]:
            f"reward: {scores or 'not swept'}).", ""]  # fmt: skip
     for row, why in st.get("pending", {}).items():
         out += [f"Row `{row}`: {why}.", ""]
-    table = []
-    for task, rows in summ["per_task"].items():
-        for row, e in rows.items():
-            table.append([task, row, _pm(e["accuracy_before"], 100), _pm(e["accuracy_after"], 100),
+    rows = []
+    for task, per_row in summ["per_task"].items():
+        for row, e in per_row.items():
+            rows.append([task, row, _pm(e["accuracy_before"], 100), _pm(e["accuracy_after"], 100),
                           _pm(e["peak_rss_bytes"], 1e-6, ".0f"), _pm(e["train_memory_bytes"], 1e-6, ".0f"),
                           _pm(e.get("train_memory_bytes_reduction_vs_adamw"), 100),
                           _pm(e.get("peak_rss_bytes_reduction_vs_adamw"), 100), f"{e['state_bytes']['mean'] / 1e6:.0f}",
                           _pm(e.get("state_bytes_reduction_vs_adamw"), 100), f"{e['step_seconds_median']:.1f}"])  # fmt: skip
     for row, a in summ["average"].items():
-        table.append(["**average**", row, _pm(a["accuracy_before"], 100), f"**{_pm(a['accuracy_after'], 100)}**", "",
+        rows.append(["**average**", row, _pm(a["accuracy_before"], 100), f"**{_pm(a['accuracy_after'], 100)}**", "",
                       "", f"**{_pm(a.get('train_memory_bytes_reduction_vs_adamw'), 100)}**",
                       _pm(a.get("peak_rss_bytes_reduction_vs_adamw"), 100), "",
                       _pm(a.get("state_bytes_reduction_vs_adamw"), 100), ""])  # fmt: skip
     header = ["task", "row", "accuracy before, %", "accuracy after, %", "trainer peak RSS, MB", "training memory, MB",
               "training memory vs AdamW, % lower", "peak RSS vs AdamW, % lower", "params + grads + optimizer state, MB",
               "that vs AdamW, % lower", "s/step"]
-    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in table)]
+    out += table(header, rows)
     paper = st["paper_reduction"]
     out += ["", f"Paper: {100 * paper:.1f}% lower average training memory (LoGRA vs dense, reasoning tasks). "
             "Values are mean ± std over seeds; reductions are paired with AdamW by task and seed, and the average "
             "row averages the tasks per seed first.", ""]  # fmt: skip
-    return out
+    return out, {**summ, "model": st.get("model", "builtin:reasoning-20m"), "steps": st["steps"]}
+
+
+def headline(found: dict) -> list[str]:
+    """The README headline bullet: LoGRA's average training-memory reduction beside the paper's, and accuracy."""
+    got = found.get("reasoning_tasks") or {}
+    logra = got.get("average", {}).get("logra", {})
+    if "train_memory_bytes_reduction_vs_adamw" not in logra:
+        return []
+    red, pts = logra["train_memory_bytes_reduction_vs_adamw"], logra["accuracy_after_vs_adamw_points"]
+    return [f"- Reasoning tasks (3 tasks, {got['model']}, full RL loop with vLLM, {got['steps']} steps): LoGRA's "
+            f"training memory **{100 * red['mean']:.1f}% ± {100 * red['std']:.1f}% below AdamW** on average (paper: "
+            f"{100 * PAPER_REDUCTION:.1f}%), held-out accuracy after RL {pts['mean']:+.1f} points vs AdamW "
+            "([table](#reasoning-tasks-the-papers-table-training-memory-at-equal-accuracy))."]  # fmt: skip
 
 
 def plot(res: dict, plt):
@@ -363,6 +377,10 @@ def plot(res: dict, plt):
     fig.suptitle(f"Reasoning tasks, policy {st.get('model', 'builtin:reasoning-20m')}, {st['steps']} RL steps, "
                  f"seeds {st['seeds']}", fontsize=10)  # fmt: skip
     return fig
+
+REPORTS = {"reasoning_tasks": Report("Reasoning tasks: the paper's table (training memory at equal accuracy)",
+                                      section, plot, headline)}
+
 
 if __name__ == "__main__":
     main()

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result  # noqa: E402
+from benchmarks.report import MB, Report, clip, load_text, num, table  # noqa: E402
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
@@ -88,6 +89,7 @@ def measure(size: str, run: dict) -> dict:
     from logra_lightning.models import load_policy
     from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
+    from logra_lightning.sync_wire import tensor_nbytes
 
     tmp = tempfile.TemporaryDirectory(prefix="sync_cost_")
     path = build_model_dir(size, Path(tmp.name) / "model")
@@ -115,14 +117,14 @@ def measure(size: str, run: dict) -> dict:
         t = time.perf_counter()
         engine.apply_lowrank_updates(updates, dense)
         seconds = time.perf_counter() - t
-        sent = sum(u.nbytes for u in updates) + sum(v.numel() * v.element_size() for _, v in dense)
+        sent = sum(u.nbytes for u in updates) + sum(tensor_nbytes(v) for _, v in dense)
         lowrank.append({"bytes": sent, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds})
     gap_lowrank = drift(engine, policy, prompts)
     full = []
     for _ in range(run["full_syncs"]):
         t = time.perf_counter()
         engine.load_weights(policy.named_parameters())
-        full.append({"bytes": sum(p.numel() * p.element_size() for p in policy.parameters()),
+        full.append({"bytes": sum(map(tensor_nbytes, policy.parameters())),
                      "payload_bytes": engine.last_sync["bytes"], "seconds": time.perf_counter() - t})  # fmt: skip
     gap_full = drift(engine, policy, prompts)
     engine.close()
@@ -148,6 +150,63 @@ def _run_size(size: str, quick: bool) -> dict:
     t0 = time.perf_counter()
     row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []), RESULTS / f".sync_worker_{size}.json")
     return {**(row or {"ok": False, "error": err}), "wall_seconds": round(time.perf_counter() - t0, 1)}
+
+
+# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """Low-rank vs full sync per model size; the headline size's row is what the headline quotes."""
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, at end "
+           f"{load_text(res['load_end'])}. Run `{json.dumps(res['run'])}`, versions {json.dumps(res['versions'])}; fp32 engine "
+           "(vLLM CPU build), one engine per size in its own process.", ""]  # fmt: skip
+    rows = []
+    for size, r in res["sizes"].items():
+        if not r["ok"]:
+            rows.append([size, "failed: " + clip(r["error"], 160)] + [""] * 8)
+            continue
+        lo, full, gap = r["lowrank_sync"], r["full_sync"], r["logprob_gap_after_lowrank_syncs"]
+        rows.append([size, num(r["params"] / 1e6, ".1f"), str(r["rank"]), num(lo["bytes"] / MB, ".1f"),
+                     num(full["bytes"] / MB, ".1f"), f"**{r['bytes_ratio']:.3f}**", num(lo["seconds_median"], ".2f"),
+                     num(full["seconds_median"], ".2f"), f"{gap['mean']:.1e} / {gap['max']:.1e}",
+                     num(r["engine"]["start_seconds"], ".0f")])  # fmt: skip
+    out += table(["size", "params (M)", "rank", "low-rank MB", "full MB", "bytes ratio", "low-rank s (median)",
+                  "full s (median)", f"logprob gap after {res['run']['steps']} low-rank syncs (mean / max)",
+                  "engine start s"], rows) + [""]  # fmt: skip
+    head = res["sizes"].get(res["headline_size"], {})
+    return out, head if head.get("ok") else None
+
+
+def plot(res: dict, plt):
+    """Bytes and seconds per sync, low-rank vs full, per size."""
+    rows = {size: r for size, r in res["sizes"].items() if r["ok"]}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    x, width = range(len(rows)), 0.38
+    for ax, key, title in ((axes[0], "bytes", "MB sent per sync"), (axes[1], "seconds_median", "seconds per sync (median)")):
+        scale = 1e6 if key == "bytes" else 1.0
+        for i, (kind, label) in enumerate((("lowrank_sync", "low-rank"), ("full_sync", "full"))):
+            ax.bar([j + (i - 0.5) * width for j in x], [r[kind][key] / scale for r in rows.values()], width,
+                   label=label, color=f"C{i}")  # fmt: skip
+        ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle("Weight sync to a vLLM engine (fp32, CPU): low-rank factors vs full weights", fontsize=10)
+    return fig
+
+
+def headline(found: dict) -> list[str]:
+    """The headline bullet: bytes and seconds of a low-rank sync against a full one at the headline size."""
+    s = found.get("sync_cost")
+    if not s:
+        return []
+    return [f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: low-rank sends **{s['bytes_ratio']:.3f}×** "
+            "the bytes of a full sync "
+            f"({s['lowrank_sync']['seconds_median']:.2f} s vs {s['full_sync']['seconds_median']:.2f} s) "
+            "([table](#weight-sync-to-vllm))."]  # fmt: skip
+
+
+REPORTS = {"sync_cost": Report("Weight sync to vLLM", section, plot, headline)}
 
 
 def main(argv=None) -> dict:

@@ -43,7 +43,7 @@ from benchmarks.common import (  # noqa: E402
     run_worker, write_result,
 )  # fmt: skip
 from benchmarks.quality import QUICK, _gap, find_logra_config  # noqa: E402
-from logra_lightning.warmup import greedy_accuracy  # noqa: E402  (the same greedy exact match as the module)
+from benchmarks.report import MB, Report, clip, load_text, num, pct, table  # noqa: E402
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra")
 QUICK_STEPS = 3
@@ -68,7 +68,7 @@ def run_trl(s: dict) -> dict:
 
     from logra_lightning.models import load_policy
     from logra_lightning.rewards import ExactMatchReward
-    from logra_lightning.warmup import resolve_model
+    from logra_lightning.warmup import greedy_accuracy, resolve_model  # the same greedy exact match as the module
 
     path = resolve_model("builtin:arithmetic-tiny")
     train, test = _sources(s)
@@ -176,6 +176,45 @@ def worker(row: str, s: dict) -> dict:
     steady = out["step_seconds"][1:] or out["step_seconds"]
     return {**out, "row": row, "ok": True, "peak_bytes": st["VmHWM"] - out["rss_before_model_bytes"],
             "step_seconds_median": statistics.median(steady) if steady else None}  # fmt: skip
+
+
+# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    """Memory, step time and held-out accuracy: TRL's GRPOTrainer against `logra fit`."""
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, at end "
+           f"{load_text(res['load_end'])}. {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+           f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts.", ""]  # fmt: skip
+    rows = []
+    for r in res["rows"]:
+        if not r.get("ok"):
+            rows.append([r["row"], "failed: " + clip(r.get("error", ""), 160), "", "", "", ""])
+            continue
+        rows.append([r["row"] + (f" (trl {r['version']})" if r.get("version") else ""), num(r["peak_bytes"] / MB, ".0f"),
+                     num(r["step_seconds_median"], ".2f"), f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
+                     str(r["steps"]), load_text(r.get("load_before"))])  # fmt: skip
+    out += table(["row", "training memory MB", "s/step (median)", "held-out accuracy", "steps", "load at start"], rows) + [""]
+    return out, {}
+
+
+def plot(res: dict, plt):
+    """Memory, s/step and accuracy after, one bar per row."""
+    rows = [r for r in res["rows"] if r.get("ok")]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    names = [r["row"] for r in rows]
+    for ax, (key, title, scale) in zip(axes, [("peak_bytes", "training memory (MB)", 1e6),
+                                              ("step_seconds_median", "seconds per RL step (median)", 1.0),
+                                              ("accuracy_after", "held-out accuracy after (%)", 0.01)]):  # fmt: skip
+        ax.bar(names, [r[key] / scale for r in rows], color=[f"C{i}" for i in range(len(rows))])
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"TRL GRPOTrainer vs logra fit, {res['settings']['steps']} steps", fontsize=10)
+    return fig
+
+
+REPORTS = {"trl_grpo": Report("A full framework: TRL GRPOTrainer", section, plot)}
 
 
 def main(argv=None) -> dict:

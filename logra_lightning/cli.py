@@ -41,13 +41,15 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
+from omegaconf.errors import OmegaConfBaseException
 from typing_extensions import override
 
 from logra_lightning.checkpoint_io import check_checkpoint_path, is_distributed_checkpoint
+from logra_lightning.config_files import check_config_files, config_file_args
 from logra_lightning.data import PromptDataModule
 from logra_lightning.errors import ConfigError, LograError
 from logra_lightning.module import PolicyGradientModule
-from logra_lightning.validation import check_config_files, validate_fit_config
+from logra_lightning.validation import validate_fit_config
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -128,6 +130,25 @@ def parse_error_line(message: str, subcommand: str | None = None) -> str:
     if "unrecognized arguments" in text or "required" in text or "Expected" in text or "expected" in text:
         text += f" (`{prog} --help` lists the keys and their types)"
     return text
+
+
+def interpolation_error_line(err: BaseException, config_files: list[str]) -> str:
+    """omegaconf's multi-line interpolation error as one line naming the key and the config files.
+
+    Example::
+
+        >>> from omegaconf.errors import InterpolationResolutionError
+        >>> err = InterpolationResolutionError("Environment variable 'X' not found")
+        >>> err.full_key = "model.group_size"
+        >>> interpolation_error_line(err, ["a.yaml"])  # doctest: +ELLIPSIS
+        "model.group_size: interpolation cannot be resolved: Environment variable 'X' not found (--config a.yaml); ..."
+    """
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    reason = re.sub(r"^\w+ raised while resolving interpolation: ", "", reason).strip('"')
+    key = getattr(err, "full_key", None) or "config"
+    files = f" (--config {', '.join(config_files)})" if config_files else ""
+    return (f"{key}: interpolation cannot be resolved: {reason}{files}; set the variable, give a default "
+            "(${oc.env:NAME,default}) or write the value itself")
 
 
 def _subcommand_of(argv: list[str]) -> str | None:
@@ -261,6 +282,8 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
         cli = LograCLI(args=None if args is None else argv)  # None: the CLI reads sys.argv itself, without a warning
     except argparse.ArgumentError as err:
         _fail("logra: error: " + parse_error_line(str(err), _subcommand_of(argv)))
+    except OmegaConfBaseException as err:  # an interpolation that cannot be resolved: a parse error too
+        _fail("logra: error: " + interpolation_error_line(err, config_file_args(argv)))
     except LograError as err:
         if args is not None:  # called from Python (tests): let the caller see the exception
             raise

@@ -14,7 +14,7 @@ Choices:
    class; without it, the longest ``nn.ModuleList`` of the model), and the root unit for
    the rest (embeddings, final norm, ``lm_head``; tied embeddings stay in one unit).
 2. **Weight sync gathers factors, not weights.** Under FSDP2 the left factor of a recorded
-   :class:`~logra_lightning.rollout.base.LowRankUpdate` holds this rank's rows only
+   :class:`~logra_lightning.sync_wire.LowRankUpdate` holds this rank's rows only
    (``[m_i, r]``; the right factor ``[r, n]`` is whole on every rank).
    :func:`gather_update_factors` all-gathers those rows, ``r * m`` numbers per matrix,
    never the ``m * n`` weight. Tested in ``tests/test_fsdp_lightning.py``.
@@ -36,15 +36,12 @@ Example::
 
 from __future__ import annotations
 
-import math
-
 from typing import Any
 
 import torch
 from torch import nn
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.optim import sharding as sh
 from logra_lightning.sync_wire import LowRankUpdate
 
 _DP, _TP = "data_parallel", "tensor_parallel"  # ModelParallelStrategy's mesh dim names
@@ -117,13 +114,12 @@ def gather_update_factors(optimizer: torch.optim.Optimizer, updates: list[LowRan
     A collective under FSDP2: every rank calls it with its own list from
     ``optimizer.pop_applied_updates()`` (the same matrices in the same order on every rank,
     as LoGRA records them) and gets the full factors back, to send to its engine (or to
-    the one rank that owns the engine). Updates of matrices that are whole on this rank are returned as they are,
-    so it is a no-op on one process.
+    the one rank that owns the engine). A no-op on one process. The optimizer owns its
+    shard layout, so this is :meth:`LoGRA.gather_updates <logra_lightning.optim.LoGRA.gather_updates>`.
 
     Args:
-        optimizer: the :class:`~logra_lightning.optim.LoGRA` that recorded ``updates``
-            (its ``param_names`` identify the matrices, its ``row_shard(p)`` their rows here);
-            a Lightning ``LightningOptimizer`` wrapping it works too.
+        optimizer: the :class:`~logra_lightning.optim.LoGRA` that recorded ``updates``; a
+            Lightning ``LightningOptimizer`` wrapping it works too.
         updates: one step's updates; ``left`` is ``[m_i, r]`` (this rank's rows), ``right`` ``[r, n]``.
 
     Returns:
@@ -134,22 +130,4 @@ def gather_update_factors(optimizer: torch.optim.Optimizer, updates: list[LowRan
         ValueError: a left factor does not hold this rank's rows of its matrix.
     """
     optimizer = getattr(optimizer, "optimizer", optimizer)  # LightningOptimizer wraps the real one
-    params = {n: p for g in optimizer.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
-    out = []
-    for u in updates:
-        if u.name not in params:
-            raise KeyError(f"update of {u.name!r}: no such parameter in the optimizer's param_names")
-        p = params[u.name]
-        shard = optimizer.row_shard(p)
-        if shard is None:
-            out.append(u)
-            continue
-        if u.left.shape[0] != shard.rows:
-            raise ValueError(
-                f"update of {u.name!r}: left factor has {u.left.shape[0]} rows, but this rank holds rows "
-                f"[{shard.start}, {shard.stop}) of {tuple(p.shape)}"
-            )
-        rows = math.prod(p.shape[:-1])  # a 3-D expert weight is its [E*m, n] matrix
-        left = sh.gather_chunks(u.left.contiguous(), shard, rows)  # [m, r] from every rank's [m_i, r]
-        out.append(LowRankUpdate(u.name, u.c, left, u.right))
-    return out
+    return optimizer.gather_updates(updates)

@@ -37,6 +37,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from logra_lightning._util import local
 from logra_lightning.errors import TrainingError
 from logra_lightning.rewards.base import safe_rewards
 from logra_lightning.rollout.base import Rollout
@@ -55,10 +56,6 @@ def degenerate_rollout(rollout: Rollout) -> str | None:
     return None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 @torch.no_grad()
 def grads_finite(optimizer: torch.optim.Optimizer) -> bool:
     """True when every gradient, and every accumulated LoGRA sketch, of ``optimizer``'s params is finite.
@@ -72,7 +69,7 @@ def grads_finite(optimizer: torch.optim.Optimizer) -> bool:
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is not None:
-                flags.append(torch.isfinite(_local(p.grad)).all())
+                flags.append(torch.isfinite(local(p.grad)).all())
     for sketch in getattr(optimizer, "gradient_sketches", list)():
         flags.append(torch.isfinite(sketch).all())
     return bool(torch.stack(flags).all()) if flags else True

@@ -14,7 +14,11 @@ Choices on top of the quadratic rule (docs/design.md §4):
 
 1. ``choose_step_scale`` divides ``K`` by a running ``calibration`` of
    realized/predicted KL, so a prediction that is consistently off (the
-   quadratic over-predicts for large steps) is corrected over time.
+   quadratic over-predicts for large steps) is corrected over time. The
+   calibration is a bias-corrected EMA of ``log(realized / predicted)``
+   (:func:`update_log_calibration`, :func:`calibration_from_ema`); measurements
+   too small to say anything, or not positive and finite, are left out
+   (:func:`informative_measurement`).
 2. The KL math runs in float64 in row chunks: at a target of ~1e-3 the logits
    differ by ~1e-2 and a float32 ``log p - log q`` loses most of its digits.
 
@@ -182,3 +186,54 @@ def finite_difference_epsilon(
     if not math.isfinite(update_max_abs) or update_max_abs <= 0.0:
         return 0.0
     return weight_change / update_max_abs
+
+
+# Raw predictions below this fraction of the target do not update the calibration.
+MIN_CALIBRATION_FRACTION = 1e-3
+
+
+def informative_measurement(realized: float, predicted_raw: float, target: float) -> bool:
+    """Whether a measured step should update the calibration.
+
+    Both values positive and finite, and the raw prediction at least
+    :data:`MIN_CALIBRATION_FRACTION` of the target (a smaller step says nothing about the
+    regime the control acts in).
+
+    Example::
+
+        >>> informative_measurement(2e-3, 1e-3, target=1e-3), informative_measurement(1e-9, 1e-9, target=1e-3)
+        (True, False)
+    """
+    ok = all(math.isfinite(v) and v > 0 for v in (realized, predicted_raw))
+    return ok and predicted_raw >= MIN_CALIBRATION_FRACTION * target
+
+
+def update_log_calibration(
+    ema: float, count: int, realized: float, predicted_raw: float, rate: float
+) -> tuple[float, int]:
+    """One EMA step of ``log(realized / predicted_raw)``; returns the new ``(ema, count)``.
+
+    Like Adam's first moment the EMA starts at 0 and is bias-corrected, so the first
+    measurement is taken whole; see :func:`calibration_from_ema`.
+
+    Example::
+
+        >>> ema, n = update_log_calibration(0.0, 0, realized=2e-3, predicted_raw=1e-3, rate=0.3)
+        >>> round(calibration_from_ema(ema, n, 0.3, (0.25, 4.0)), 6)  # first measurement taken whole
+        2.0
+    """
+    return (1.0 - rate) * ema + rate * math.log(realized / predicted_raw), count + 1
+
+
+def calibration_from_ema(ema: float, count: int, rate: float, bounds: tuple[float, float]) -> float:
+    """``exp(ema / (1 - (1 - rate)**count))`` clamped to ``bounds``; ``1.0`` before the first measurement.
+
+    Example::
+
+        >>> calibration_from_ema(0.0, 0, 0.3, (0.25, 4.0))
+        1.0
+    """
+    if count == 0:
+        return 1.0
+    log_c = ema / (1.0 - (1.0 - rate) ** count)
+    return float(min(max(math.exp(log_c), bounds[0]), bounds[1]))

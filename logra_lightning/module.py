@@ -32,7 +32,8 @@ Departures from GRPO as published are listed in :mod:`logra_lightning.grpo`. Als
    uninterrupted run sampled (the index is checkpointed; Lightning does not save the global RNG).
 
 Faults (a bad sample, a NaN, an empty batch, a failing engine) cost a step, not the run; the
-behaviour for each is tabulated in :mod:`logra_lightning.health`.
+behaviour for each is tabulated in :mod:`logra_lightning.health`. Held-out evaluation is
+:class:`~logra_lightning.evaluation.HeldOutEvaluation`; argument checks, :func:`~logra_lightning.validation.check_module_args`.
 
 Logged metrics:
     ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
@@ -45,40 +46,33 @@ Logged metrics:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.grpo import clipped_policy_loss, gather_logprobs, grpo_advantages, grpo_loss, masked_mean, tis_weights
+from logra_lightning.evaluation import HeldOutEvaluation
+from logra_lightning.grpo import clipped_policy_loss, grpo_advantages, grpo_loss, masked_mean, tis_weights
 from logra_lightning.health import FaultPolicy, all_ranks_agree, degenerate_rollout, engine_failure, grads_finite
-from logra_lightning.models import load_policy, load_tokenizer
+from logra_lightning.models import load_policy
 from logra_lightning.optim.sketch import mix_seed
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.phases import announce_phase
 from logra_lightning.probe import KLProbe
 from logra_lightning.rewards import ExactMatchReward
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
-from logra_lightning.sequences import PackedBatch, pack_sequences, right_align
-from logra_lightning.validation import check_prompt_lengths, model_config
+from logra_lightning.sequences import PackedBatch, logprob_gap, pack_sequences, right_align, sequence_logprobs
+from logra_lightning.validation import check_engine_context, check_module_args
 from logra_lightning.warmup import resolve_model
 
 
-def _check(key: str, ok: bool, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"model.{key}={value!r}: allowed {allowed}")
-
-
-class PolicyGradientModule(L.LightningModule):
+class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
     """GRPO/DAPO-style policy-gradient RL on a causal LM (manual optimization).
 
     Args:
@@ -155,25 +149,8 @@ class PolicyGradientModule(L.LightningModule):
         tis_cap: float | None = None,
     ) -> None:
         super().__init__()
-        _check("group_size", isinstance(group_size, int) and group_size >= 1, group_size, "integers >= 1")
-        _check("group_size", group_size >= 2 or not scale_by_std, group_size,
-               ">= 2 when scale_by_std=True (the std of one sample is undefined); set scale_by_std=false")  # fmt: skip
-        _check("max_new_tokens", isinstance(max_new_tokens, int) and max_new_tokens >= 1, max_new_tokens, "integers >= 1")
-        _check("temperature", temperature > 0, temperature, "values > 0")
-        _check("top_p", 0 < top_p <= 1, top_p, "values in (0, 1]")
-        _check("clip_low", 0 <= clip_low < 1, clip_low, "values in [0, 1)")
-        _check("clip_high", clip_high >= 0, clip_high, "values >= 0")
-        _check("kl_coef", kl_coef >= 0, kl_coef, "values >= 0")
-        _check("ppo_epochs", isinstance(ppo_epochs, int) and ppo_epochs >= 1, ppo_epochs, "integers >= 1")
-        _check("micro_batch_size", micro_batch_size is None or micro_batch_size >= 1, micro_batch_size,
-               "None or integers >= 1")  # fmt: skip
-        _check("tis_cap", tis_cap is None or tis_cap >= 1, tis_cap, "None (off) or values >= 1")
-        _check("lr_warmup_steps", isinstance(lr_warmup_steps, int) and lr_warmup_steps >= 0, lr_warmup_steps,
-               "integers >= 0")  # fmt: skip
-        _check("torch_threads", torch_threads is None or torch_threads >= 1, torch_threads, "None or integers >= 1")
-        _check("max_consecutive_skips", max_consecutive_skips is None or (isinstance(max_consecutive_skips, int)
-               and max_consecutive_skips >= 0), max_consecutive_skips, "None or integers >= 0")  # fmt: skip
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward"])
+        check_module_args(self.hparams)
         self.automatic_optimization = False
         self.model_spec = model
         self.optimizer_factory = optimizer
@@ -212,9 +189,10 @@ class PolicyGradientModule(L.LightningModule):
         self.model_path = resolve_model(self.model_spec)
         if self._sampling_seed is None:
             self._sampling_seed = torch.initial_seed()
-        self._check_prompt_lengths()  # before the policy and the engine are built
-        self.policy, self.tokenizer = load_policy(self.model_path)
         dm = self.trainer.datamodule if self._trainer is not None else None
+        check_engine_context(getattr(self.engine_spec, "options", {}), getattr(dm, "train_records", None),
+                             self.model_path, self.model_spec, self.hparams.max_new_tokens)  # before policy and engine
+        self.policy, self.tokenizer = load_policy(self.model_path)
         if hasattr(dm, "use_tokenizer"):
             dm.use_tokenizer(self.tokenizer)  # chat-template prompts for chat models (GSM8K/MATH sources)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
@@ -225,30 +203,6 @@ class PolicyGradientModule(L.LightningModule):
             ref, _ = load_policy(self.model_path)
             self._ref = [ref.eval().requires_grad_(False)]
         self.engine = self.engine_spec.build(self.model_path, self.policy, self.tokenizer)
-
-    def _check_prompt_lengths(self) -> None:
-        """Every training prompt plus ``max_new_tokens`` must fit an engine with a hard context limit (vLLM).
-
-        Runs after the data module has loaded its records and before the policy and engine are
-        built; it tokenizes every training prompt once (the tokenizer alone is loaded for it).
-        """
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        records = getattr(dm, "train_records", None)
-        if not records:
-            return
-        options = getattr(self.engine_spec, "options", {})
-        if "max_model_len" not in options:
-            return  # the HF engine has no hard context limit (RoPE positions extrapolate)
-        limit, key = options["max_model_len"], "model.engine.init_args.max_model_len"
-        if limit is None:  # vLLM then takes the model's max_position_embeddings
-            limit = (model_config(self.model_path) or {}).get("max_position_embeddings")
-            key = f"{key} (null: max_position_embeddings of {self.model_spec})"
-        if not isinstance(limit, int):
-            return
-        tokenizer = load_tokenizer(self.model_path)
-        prompts = [r["prompt"] for r in records]
-        lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
-        check_prompt_lengths(lengths, self.hparams.max_new_tokens, limit, key, prompts)
 
     @override
     def configure_model(self) -> None:
@@ -282,8 +236,7 @@ class PolicyGradientModule(L.LightningModule):
     @override
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         start = time.perf_counter()
-        hp, opt = self.hparams, self.optimizers()
-        G = hp.group_size
+        hp, G = self.hparams, self.hparams.group_size
         prompts, answers = batch["prompt"], batch["answer"]
         prompt_ids = [self.tokenizer.encode(p) for p in prompts]
 
@@ -297,61 +250,82 @@ class PolicyGradientModule(L.LightningModule):
         rewards = self._score([p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)])
         adv = grpo_advantages(rewards, G, scale_by_std=hp.scale_by_std).to(self.device)  # [B*G]
 
-        seqs = pack_sequences([p for p in prompt_ids for _ in range(G)], rollout.completion_ids,
-                              self.tokenizer.pad_token_id).to(self.device)  # fmt: skip
+        sample_prompts = [p for p in prompt_ids for _ in range(G)]
+        seqs = pack_sequences(sample_prompts, rollout.completion_ids, self.tokenizer.pad_token_id).to(self.device)
+        old_lp, tis, ref_lp = self._fixed_logprobs(seqs, rollout.logprobs, [len(p) for p in sample_prompts])  # [N, L-1]
+        stats: dict[str, float] = {}
+        for epoch in range(hp.ppo_epochs):
+            with announce_phase(self, "forward_backward"):
+                finite = self._loss_and_backward(seqs, old_lp, adv, tis, ref_lp, epoch, stats)
+            with announce_phase(self, "optimizer"):
+                self._optimizer_step(finite)
+        if tis is not None:
+            stats["policy/tis_weight_mean"] = masked_mean(tis, seqs.mask).item()
+        self._log_step(stats, rewards, rollout, start, len(prompts))
+
+    def _fixed_logprobs(self, seqs: PackedBatch, engine_logprobs: list[list[float]], prompt_lens: list[int]):
+        """What stays fixed over the PPO epochs: pi_old's logprobs, the TIS weights, the reference's logprobs.
+
+        Also records the engine's drift (``engine_logprob_gap``) and makes this batch the KL probe's.
+        """
+        hp = self.hparams
         self._probe = seqs
         self._kl_probe.cache.clear()
         old_lp = self._logprobs(seqs)  # [N, L-1], no grad: pi_old
-        engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids for _ in range(G)],
-                                old_lp.shape[1]).to(old_lp.device)  # [N, L-1] # fmt: skip
-        self._measure_engine_gap(seqs, old_lp, engine_lp)
+        engine_lp = right_align(engine_logprobs, prompt_lens, old_lp.shape[1]).to(old_lp.device)  # [N, L-1]
+        self.engine_logprob_gap = logprob_gap(old_lp, engine_lp, seqs.mask)
         tis = None if hp.tis_cap is None else tis_weights(old_lp, engine_lp, hp.tis_cap, seqs.mask)  # [N, L-1]
         ref_lp = self._logprobs(seqs, self._ref[0]) if self._ref else None  # [N, L-1]
+        return old_lp, tis, ref_lp
 
+    def _loss_and_backward(self, seqs: PackedBatch, old_lp: torch.Tensor, adv: torch.Tensor, tis: torch.Tensor | None,
+                           ref_lp: torch.Tensor | None, epoch: int, stats: dict[str, float]) -> bool:  # fmt: skip
+        """One PPO epoch: loss and ``manual_backward`` per micro-batch; adds its stats; False if a loss was not finite."""
+        hp, finite = self.hparams, True
         micro = hp.micro_batch_size or len(seqs.ids)
-        stats: dict[str, float] = {}
-        for epoch in range(hp.ppo_epochs):
-            finite = True
-            with announce_phase(self, "forward_backward"):
-                for lo in range(0, len(seqs.ids), micro):
-                    rows = slice(lo, lo + micro)
-                    mb = seqs.rows(rows)
-                    logits = self.policy(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
-                    loss, st = grpo_loss(
-                        logits, mb.targets, old_lp[rows], adv[rows], mb.mask, seqs.num_tokens,
-                        clip_low=hp.clip_low, clip_high=hp.clip_high, temperature=hp.temperature,
-                        token_weights=None if tis is None else tis[rows], kl_coef=hp.kl_coef,
-                        ref_logprobs=None if ref_lp is None else ref_lp[rows], entropy=epoch == 0,
-                        policy_loss=clipped_policy_loss,  # this module's name, so tests/test_faults.py can inject a NaN
-                    )  # fmt: skip
-                    self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
-                    finite = finite and math.isfinite(st["loss/policy"])
-                    for key, value in st.items():  # stats are shares of the batch; entropy is from epoch 0 only
-                        stats[key] = stats.get(key, 0.0) + (value if key == "policy/entropy" else value / hp.ppo_epochs)
-            with announce_phase(self, "optimizer"):
-                # A non-finite loss, gradient or sketch skips the step on every rank; zero_grad()
-                # clears gradients and sketches and nothing else moves (moments, LR, callbacks).
-                if all_ranks_agree(self._trainer, finite and grads_finite(opt)):
-                    opt.step()
-                    self.faults.stepped()
-                    if self.lr_schedulers() is not None:
-                        self.lr_schedulers().step()
-                else:
-                    why = "non-finite loss" if not finite else "non-finite gradients"
-                    self.faults.skip("step", why, self.trainer, self.global_step)
-                opt.zero_grad()
-        if tis is not None:
-            stats["policy/tis_weight_mean"] = masked_mean(tis, seqs.mask).item()
+        for lo in range(0, len(seqs.ids), micro):
+            rows = slice(lo, lo + micro)
+            mb = seqs.rows(rows)
+            logits = self.policy(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
+            loss, st = grpo_loss(
+                logits, mb.targets, old_lp[rows], adv[rows], mb.mask, seqs.num_tokens,
+                clip_low=hp.clip_low, clip_high=hp.clip_high, temperature=hp.temperature,
+                token_weights=None if tis is None else tis[rows], kl_coef=hp.kl_coef,
+                ref_logprobs=None if ref_lp is None else ref_lp[rows], entropy=epoch == 0,
+                policy_loss=clipped_policy_loss,  # this module's name, so tests/test_faults.py can inject a NaN
+            )  # fmt: skip
+            self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
+            finite = finite and math.isfinite(st["loss/policy"])
+            for key, value in st.items():  # stats are shares of the batch; entropy is from epoch 0 only
+                stats[key] = stats.get(key, 0.0) + (value if key == "policy/entropy" else value / hp.ppo_epochs)
+        return finite
 
-        self.log_dict(stats, batch_size=len(prompts))
-        self._log_health(rollout, start, len(prompts))
-        self.log_dict({
-            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "reward/errors": float(self._reward_errors),
-        }, batch_size=len(prompts))  # fmt: skip
+    def _optimizer_step(self, finite: bool) -> None:
+        """Step, or skip the step on every rank: a non-finite loss, gradient or sketch moves nothing.
+
+        ``zero_grad()`` clears gradients and sketches either way; a skipped step leaves the moments,
+        the learning rate and the callbacks' state as they were.
+        """
+        opt = self.optimizers()
+        if all_ranks_agree(self._trainer, finite and grads_finite(opt)):
+            opt.step()
+            self.faults.stepped()
+            if self.lr_schedulers() is not None:
+                self.lr_schedulers().step()
+        else:
+            self.faults.skip("step", "non-finite loss" if not finite else "non-finite gradients", self.trainer,
+                             self.global_step)  # fmt: skip
+        opt.zero_grad()
+
+    def _log_step(self, stats: dict[str, float], rewards: torch.Tensor, rollout: Rollout, start: float,
+                  batch_size: int) -> None:  # fmt: skip
+        self.log_dict(stats, batch_size=batch_size)
+        self._log_health(rollout, start, batch_size)
+        self.log_dict({"reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+                       "reward/errors": float(self._reward_errors)}, batch_size=batch_size)  # fmt: skip
         self.log_dict({"reward/mean": rewards.mean().item(),
-                       "reward/accuracy": (rewards >= hp.correct_reward).float().mean().item()},
-                      prog_bar=True, batch_size=len(prompts))  # fmt: skip
+                       "reward/accuracy": (rewards >= self.hparams.correct_reward).float().mean().item()},
+                      prog_bar=True, batch_size=batch_size)  # fmt: skip
 
     # ---------------------------------------------- rollout, rewards, logprobs
     def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
@@ -370,20 +344,11 @@ class PolicyGradientModule(L.LightningModule):
         return rollout
 
     def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
-        seconds = time.perf_counter() - start
-        lengths = [len(c) for c in rollout.completion_ids]
-        self.log_dict({
-            "completion/length_mean": sum(lengths) / max(len(lengths), 1),
-            "completion/clipped_ratio": 1.0 - sum(rollout.finished) / max(len(rollout.finished), 1),
-            "perf/step_seconds": seconds,
-            "perf/tokens_per_second": sum(lengths) / seconds,
-            **self.faults.metrics(),
-        }, batch_size=batch_size)  # fmt: skip
+        self.log_dict({**rollout.metrics(time.perf_counter() - start), **self.faults.metrics()}, batch_size=batch_size)
 
     def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
         return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step)  # [N]
 
-    @torch.no_grad()
     def _logprobs(self, seqs: PackedBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         """Log-probabilities of the targets ``[N, L-1]`` under ``model`` (default: the policy), micro-batched.
 
@@ -393,22 +358,11 @@ class PolicyGradientModule(L.LightningModule):
         # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
         keep = model is None and not torch.is_autocast_enabled(self.device.type)
         probe = self._kl_probe.base_recorder(seqs, self.global_step) if keep else None
-        model = model or self.policy
-        micro = self.hparams.micro_batch_size or len(seqs.ids)
-        out = []
-        for lo in range(0, len(seqs.ids), micro):
-            mb = seqs.rows(slice(lo, lo + micro))
-            logits = model(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
-            out.append(gather_logprobs(logits, mb.targets, self.hparams.temperature))
-            if probe is not None:
-                probe.add(lo, logits)
+        lp = sequence_logprobs(model or self.policy, seqs, self.hparams.micro_batch_size, self.hparams.temperature,
+                               on_logits=probe.add if probe is not None else None)  # fmt: skip
         if probe is not None:
             probe.save(self.policy)
-        return torch.cat(out)
-
-    def _measure_engine_gap(self, seqs: PackedBatch, trainer_lp: torch.Tensor, engine_lp: torch.Tensor) -> None:
-        diff = (engine_lp - trainer_lp).abs() * seqs.mask
-        self.engine_logprob_gap = ((diff.sum() / seqs.mask.sum().clamp_min(1)).item(), diff.max().item())
+        return lp
 
     # ---------------------------------------------------------- KL probe protocol
     @torch.no_grad()
@@ -423,62 +377,6 @@ class PolicyGradientModule(L.LightningModule):
         if self._probe is None:
             raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
         return self._kl_probe.logits(self.policy, self._probe, self.global_step, max_tokens)
-
-    # ------------------------------------------------------------- evaluation
-    @override
-    def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        correct = self._greedy_correct(batch["prompt"], batch["answer"])
-        self.val_accuracy.update(correct)
-        self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=len(correct))
-
-    def _greedy_correct(self, prompts: list[str], answers: list[str]) -> torch.Tensor:
-        hp = self.hparams
-        sampling = SamplingConfig(max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens, temperature=0.0)
-        out = self.engine.generate([self.tokenizer.encode(p) for p in prompts], n=1, sampling=sampling)
-        return (self._score(prompts, out.texts, answers) >= hp.correct_reward).float()
-
-    def evaluate(self) -> float | None:
-        """Greedy held-out accuracy over the datamodule's whole validation set (``None`` without one)."""
-        dm = self.trainer.datamodule
-        records = getattr(dm, "val_records", None)
-        if not records:
-            return None
-        size = getattr(dm, "val_batch_size", 64)
-        hits = [self._greedy_correct([r["prompt"] for r in records[i : i + size]], [r["answer"] for r in records[i : i + size]])
-                for i in range(0, len(records), size)]  # fmt: skip
-        return torch.cat(hits).mean().item()
-
-    @override
-    def on_train_start(self) -> None:
-        self._fit_started = time.perf_counter()
-        acc = self.evaluate()
-        if acc is not None:
-            self.accuracy_history.append((self.global_step, acc))
-            for logger in self.loggers:
-                logger.log_metrics({"val/accuracy": acc}, step=self.global_step)
-
-    @override
-    def on_fit_end(self) -> None:
-        if not self.accuracy_history:
-            return
-        acc = self.evaluate()
-        self.accuracy_history.append((self.global_step, acc))
-        for logger in self.loggers:
-            logger.log_metrics({"val/accuracy": acc}, step=self.global_step)
-        before = self.accuracy_history[0][1]
-        log_dir = self.trainer.log_dir  # a broadcast under DDP/FSDP: read it once, on every rank
-        summary = {"accuracy_before": before, "accuracy_after": acc, "steps": self.global_step,
-                   "train_seconds": time.perf_counter() - self._fit_started, "log_dir": log_dir}  # fmt: skip
-        if self.trainer.is_global_zero and log_dir:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(log_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
-        # print, not logging: vLLM reconfigures the logging module, which can silence Lightning's info logger
-        rank_zero_only(print)(
-            f"\nheld-out greedy accuracy: before RL {before:.1%} -> after {self.global_step} RL steps {acc:.1%} "
-            f"({'+' if acc >= before else ''}{100 * (acc - before):.1f} points, {summary['train_seconds']:.0f} s)\n"
-            f"TensorBoard logs: {log_dir}   (view: tensorboard --logdir runs)",
-            flush=True,
-        )
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -235,9 +235,14 @@ def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: i
     return summary
 
 
-if __name__ == "__main__":
-    from logra_lightning.warmup import resolve_model
+def main() -> None:
+    """Build (or find in the cache) ``builtin:reasoning-20m``; print its path and per-task accuracies."""
+    from logra_lightning.warmup import resolve_model  # the built-in registry imports this module
 
     target = resolve_model("builtin:reasoning-20m")
     print(target)
     print(json.dumps(json.loads((Path(target) / "warmup.json").read_text())["tasks"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,8 +15,11 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from logra_lightning.grpo import gather_logprobs
 
 
 @dataclass
@@ -61,3 +64,28 @@ def right_align(values: list[list[float]], prompt_lens: list[int], width: int) -
     for i, (v, plen) in enumerate(zip(values, prompt_lens)):
         out[i, plen - 1 : plen - 1 + len(v)] = torch.tensor(v, dtype=torch.float32)
     return out
+
+
+@torch.no_grad()
+def sequence_logprobs(model: torch.nn.Module, seqs: PackedBatch, micro_batch_size: int | None, temperature: float,
+                      on_logits: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:  # fmt: skip
+    """Log-probabilities ``[N, L-1]`` of ``seqs.targets`` under ``model``, ``micro_batch_size`` rows at a time.
+
+    ``on_logits(first_row, logits)`` sees each micro-batch's logits ``[n, L-1, V]`` (the KL probe
+    keeps some of them).
+    """
+    micro = micro_batch_size or len(seqs.ids)
+    out = []
+    for lo in range(0, len(seqs.ids), micro):
+        mb = seqs.rows(slice(lo, lo + micro))
+        logits = model(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [n, L-1, V]
+        out.append(gather_logprobs(logits, mb.targets, temperature))  # [n, L-1]
+        if on_logits is not None:
+            on_logits(lo, logits)
+    return torch.cat(out)
+
+
+def logprob_gap(logprobs: torch.Tensor, other: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """``(mean, max)`` of ``|logprobs - other|`` over the ``mask``ed tokens (``[N, T]`` each)."""
+    diff = (other - logprobs).abs() * mask  # [N, T]
+    return (diff.sum() / mask.sum().clamp_min(1)).item(), diff.max().item()

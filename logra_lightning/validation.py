@@ -16,14 +16,14 @@ Where each check runs, and why there:
    controller's ``target_kl``, and an engine ``max_model_len`` that leaves no room for a
    prompt. Arguments of one class alone (``group_size``, ``scale_by_std``, ``batch_size``)
    are checked by that class's ``__init__``, which also runs before any model is built.
-2. **After the data is loaded, before the policy and engine are** (:func:`check_prompt_lengths`,
+2. **After the data is loaded, before the policy and engine are** (:func:`check_engine_context`,
    from ``PolicyGradientModule.setup``): the longest prompt plus ``max_new_tokens`` against
    the engine's ``max_model_len`` (or the model's ``max_position_embeddings``). The prompt
    lengths are known only after the data is read and tokenized.
 3. A hub model name whose config is not in the local Hugging Face cache cannot be read
    offline; its rank check is left to LoGRA, which raises when the optimizer is built (the
    module turns that into a ``ConfigError`` too).
-4. **Before parsing** (:func:`check_config_files`, from :func:`~logra_lightning.cli.main`): every
+4. **Before parsing** (:func:`~logra_lightning.config_files.check_config_files`, from :func:`~logra_lightning.cli.main`): every
    ``--config`` file exists, is readable, is valid YAML (the error names ``file:line:column``)
    and holds a mapping; jsonargparse's own messages for these are a traceback-like dump.
 5. **Paths, before instantiation**: the model spec (:func:`~logra_lightning.model_paths.check_model_spec`:
@@ -183,6 +183,36 @@ def check_rank(rank: int, shapes: Mapping[str, tuple[int, int]], model: str, inc
         )
 
 
+# ------------------------------------------------------------ module arguments
+def check_module_args(hp: Mapping[str, Any]) -> None:
+    """``PolicyGradientModule``'s own arguments, checked in its ``__init__`` (``model.<key>=<value>: allowed ...``)."""
+
+    def check(key: str, ok: bool, allowed: str) -> None:
+        if not ok:
+            raise ConfigError(f"model.{key}={hp[key]!r}: allowed {allowed}")
+
+    def count(key: str, low: int, none_ok: bool = False) -> None:  # an int >= low (or None)
+        v = hp[key]
+        ok = (none_ok and v is None) or (isinstance(v, int) and v >= low)
+        check(key, ok, f"{'None or ' if none_ok else ''}integers >= {low}")
+
+    count("group_size", 1)
+    check("group_size", hp["group_size"] >= 2 or not hp["scale_by_std"],
+          ">= 2 when scale_by_std=True (the std of one sample is undefined); set scale_by_std=false")  # fmt: skip
+    count("max_new_tokens", 1)
+    check("temperature", hp["temperature"] > 0, "values > 0")
+    check("top_p", 0 < hp["top_p"] <= 1, "values in (0, 1]")
+    check("clip_low", 0 <= hp["clip_low"] < 1, "values in [0, 1)")
+    check("clip_high", hp["clip_high"] >= 0, "values >= 0")
+    check("kl_coef", hp["kl_coef"] >= 0, "values >= 0")
+    count("ppo_epochs", 1)
+    check("micro_batch_size", hp["micro_batch_size"] is None or hp["micro_batch_size"] >= 1, "None or integers >= 1")
+    check("tis_cap", hp["tis_cap"] is None or hp["tis_cap"] >= 1, "None (off) or values >= 1")
+    count("lr_warmup_steps", 0)
+    check("torch_threads", hp["torch_threads"] is None or hp["torch_threads"] >= 1, "None or integers >= 1")
+    count("max_consecutive_skips", 0, none_ok=True)
+
+
 # ------------------------------------------------------------ engine lengths
 def check_engine_length(max_model_len: Any, max_new_tokens: int,
                         key: str = "model.engine.init_args.max_model_len") -> None:  # fmt: skip
@@ -220,6 +250,30 @@ def check_prompt_lengths(lengths: Sequence[int], max_new_tokens: int, limit: int
     )
 
 
+def check_engine_context(engine_options: Mapping[str, Any], records: Sequence[Mapping[str, str]] | None,
+                         model_path: str, model_spec: str, max_new_tokens: int) -> None:  # fmt: skip
+    """Every training prompt plus ``max_new_tokens`` must fit an engine with a hard context limit (vLLM).
+
+    ``PolicyGradientModule.setup`` calls it after the data module has loaded its ``records`` and
+    before the policy and engine are built; it tokenizes every prompt once (the tokenizer alone
+    is loaded). An engine without ``max_model_len`` among its options (the HF engine: RoPE
+    positions extrapolate) has no such limit.
+    """
+    if not records or "max_model_len" not in engine_options:
+        return
+    limit, key = engine_options["max_model_len"], "model.engine.init_args.max_model_len"
+    if limit is None:  # vLLM then takes the model's max_position_embeddings
+        limit = (model_config(model_path) or {}).get("max_position_embeddings")
+        key = f"{key} (null: max_position_embeddings of {model_spec})"
+    if not isinstance(limit, int):
+        return
+    from logra_lightning.models import load_tokenizer
+
+    prompts = [r["prompt"] for r in records]
+    lengths = [len(ids) for ids in load_tokenizer(model_path)(prompts)["input_ids"]]
+    check_prompt_lengths(lengths, max_new_tokens, limit, key, prompts)
+
+
 # ----------------------------------------------------------------- callbacks
 def check_callbacks(callbacks: Any, key: str = "trainer.callbacks") -> None:
     """``KLStepControl.target_kl`` must be a finite number > 0."""
@@ -231,68 +285,6 @@ def check_callbacks(callbacks: Any, key: str = "trainer.callbacks") -> None:
         target = _args(cb).get("target_kl")
         if not (_is_number(target) and math.isfinite(target) and target > 0):
             raise ConfigError(f"{key}[{i}].init_args.target_kl={target!r}: allowed finite numbers > 0 (per-token KL)")
-
-
-# ------------------------------------------------------------ config files
-def config_file_args(argv: Sequence[str]) -> list[str]:
-    """The values of ``--config`` / ``-c`` in ``argv`` (``--config X`` and ``--config=X``)."""
-    found = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            found.append(argv[i + 1])
-        elif arg.startswith("--config="):
-            found.append(arg.split("=", 1)[1])
-    return found
-
-
-def check_config_file(path: str) -> None:
-    """``path`` must be a readable YAML file holding a mapping.
-
-    Raises:
-        ConfigError: ``--config <path>: <what>``; a YAML error names ``<path>:<line>:<column>``.
-    """
-    import yaml
-
-    file = Path(path).expanduser()
-    if not file.exists():
-        near = sorted(p.name for p in file.parent.glob("*.yaml")) if file.parent.is_dir() else []
-        hint = f"; {file.parent} has: {', '.join(near[:8])}" if near else ""
-        raise ConfigError(f"--config {path}: no such file (relative paths start at {Path.cwd()}){hint}")
-    if file.is_dir():
-        raise ConfigError(f"--config {path}: is a directory; give the YAML file, e.g. {path.rstrip('/')}/<name>.yaml")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        line = file.read_bytes()[: err.start].count(b"\n") + 1
-        raise ConfigError(f"--config {path}:{line}: not UTF-8 text ({err.reason}); is it a YAML file?") from None
-    except OSError as err:
-        raise ConfigError(f"--config {path}: cannot be read ({err.strerror}); check its permissions") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        what = " ".join(str(x) for x in (err.context, err.problem) if x)
-        raise ConfigError(f"--config {path}{where}: not valid YAML ({what}); tabs and unbalanced quotes or brackets "
-                          "are the usual causes") from None  # fmt: skip
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(err).split())})") from None
-    if doc is None:
-        raise ConfigError(f"--config {path}: the file is empty; see configs/ for complete examples")
-    if not isinstance(doc, dict):
-        raise ConfigError(f"--config {path}: holds a YAML {type(doc).__name__}, not a mapping of sections "
-                          "(trainer:, model:, data:)")  # fmt: skip
-    for section in ("trainer", "model", "data"):
-        value = doc.get(section)
-        if value is not None and not isinstance(value, dict):
-            raise ConfigError(f"--config {path}: section {section}: holds a {type(value).__name__} ({value!r:.40}), not "
-                              f"a mapping; put its keys on indented lines under '{section}:'")  # fmt: skip
-
-
-def check_config_files(argv: Sequence[str]) -> None:
-    """Run :func:`check_config_file` on every ``--config`` value in ``argv``."""
-    for path in config_file_args(argv):
-        check_config_file(path)
 
 
 # -------------------------------------------------------------- directories

@@ -30,6 +30,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -39,6 +41,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -98,6 +101,34 @@ def cache_dir() -> Path:
 def _key(cfg: WarmupConfig) -> str:
     blob = json.dumps({"v": WARMUP_VERSION, **asdict(cfg)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path, spec: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<target>.lock`` (released when the process dies, however it dies).
+
+    Without it every process that starts while the cache is empty (DDP ranks, parallel test
+    workers, two ``logra fit`` runs) warms up its own copy, each slower for the others.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[logra] waiting for another process to finish building {spec} in {target.parent}", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove_stale_builds(target: Path) -> None:
+    """Remove ``<target>.tmp<pid>`` directories left by builds whose process is gone (killed mid-build)."""
+    for tmp in target.parent.glob(target.name + ".tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
@@ -202,18 +233,20 @@ def resolve_model(spec: str) -> str:
     target = cache_dir() / f"{name}-{_key(cfg)}"
     if (target / "warmup.json").exists():
         return str(target)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: 1 thread is several times faster here (docs/design.md §7)
-    try:
-        summary = cfg.warm_up(tmp) if isinstance(cfg, ReasoningWarmupConfig) else warm_up(tmp, cfg)
-    finally:
-        torch.set_num_threads(threads)
-    if not target.exists():
-        tmp.rename(target)  # atomic: a half-written directory is never picked up
-    else:
+    with _build_lock(target, spec):  # one process builds; the others (ranks, parallel runs) wait for it
+        if (target / "warmup.json").exists():
+            return str(target)
+        _remove_stale_builds(target)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny model: 1 thread is several times faster here (docs/design.md §7)
+        try:
+            summary = cfg.warm_up(tmp) if isinstance(cfg, ReasoningWarmupConfig) else warm_up(tmp, cfg)
+        finally:
+            torch.set_num_threads(threads)
+        shutil.rmtree(target, ignore_errors=True)  # a directory without warmup.json is an unfinished build
+        tmp.rename(target)  # atomic: a half-written directory is never picked up
     print(f"[logra] built {spec} at {target}: warm-up {summary['seconds']:.0f}s, "
           f"held-out greedy accuracy {summary['test_accuracy']:.1%}"
           + (f" ({summary['test_accuracy_ignoring_suffix']:.1%} ignoring a trailing {cfg.noise_suffix!r})"

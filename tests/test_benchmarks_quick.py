@@ -74,6 +74,7 @@ def test_kl_overhead_share_skips_warmup_and_pairs_steps() -> None:
     assert got["steps_used"] == 4 and got["step_seconds_median"] == pytest.approx(0.6)
     assert got["control_seconds_median"] == pytest.approx(0.1)
     assert got["overhead_share"] == pytest.approx(0.1 / 0.5)
+    assert got["overhead_share_mean"] == pytest.approx(0.1 / 0.5)  # equal steps: mean = median
     assert kl_control.overhead_summary({"perf/step_seconds": step}, warmup=0) == {"steps_used": 0, "warmup_steps_skipped": 0}
 
 

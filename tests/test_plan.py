@@ -22,8 +22,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from logra_lightning.model_shapes import architecture_from_config, load_architecture, shipped_shapes
 from logra_lightning.optim import LoGRA, logra_param_groups
-from logra_lightning.plan import (PlanError, PlanSetup, _lowrank_layout, engine_bytes, layer_activation_bytes, main,
-                                  plan, plan_optimizer, saved_activation_bytes)  # fmt: skip
+from logra_lightning.plan import (PlanError, PlanSetup, engine_bytes, layer_activation_bytes, main, plan,
+                                  plan_optimizer, saved_activation_bytes)  # fmt: skip
+from logra_lightning.plan.optimizers import _lowrank_layout
 
 BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip

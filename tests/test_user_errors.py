@@ -94,6 +94,13 @@ CONFIG_FILES = [
     ("binary", b"\xff\xfe\x00model", r"binary.yaml:1: not UTF-8 text"),
     ("unknown_key", "model:\n  grup_size: 4\n", r"grup_size"),
     ("wrong_type", "trainer:\n  max_steps: lots\n", r"trainer.max_steps: Expected a <class 'int'>. Got value: lots"),
+    ("duplicate", "trainer:\n  max_steps: 3\n  max_steps: 4\n",
+     r"duplicate.yaml:3:3: not valid YAML \(duplicate key 'max_steps' \(first on line 2\)"),
+    ("unset_env", "model:\n  group_size: ${oc.env:LOGRA_TEST_UNSET_VARIABLE}\n",
+     r"model.group_size: interpolation cannot be resolved: Environment variable 'LOGRA_TEST_UNSET_VARIABLE' not found "
+     r"\(--config .*unset_env.yaml\)"),
+    ("bad_reference", "model:\n  group_size: ${data.no_such_key}\n",
+     r"model.group_size: interpolation cannot be resolved: .*no_such_key"),
 ]
 
 
@@ -312,7 +319,7 @@ def _logra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         (["fit", "--config", "configs/no_such.yaml"], "logra: error: --config configs/no_such.yaml: no such file"),
         (["fit", "--config", CONFIG, "--model.model", "/no/such/model"], "logra: error: model.model='/no/such/model': no such"),
         (["fit", "--config", CONFIG, "--ckpt_path", __file__], "not a PyTorch checkpoint"),
-        (["export", "--ckpt_path", "/no/such.ckpt", "--out", "/tmp/x"], "logra: error: --ckpt_path /no/such.ckpt: no such"),
+        (["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"], "logra: error: --ckpt_path /no/such.ckpt: no such"),
     ],
 )  # fmt: skip
 def test_console_prints_one_line_and_exits_2(args, match):

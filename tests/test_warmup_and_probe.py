@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import random
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
+from logra_lightning import warmup
 from logra_lightning.data.arithmetic import ArithmeticSource, ones_carry
 from logra_lightning.optim import LoGRA, logra_param_groups
 from logra_lightning.probe import ProbeCache, probe_positions, weights_version
@@ -93,3 +98,30 @@ def test_module_probe_base_logits_come_from_the_old_logprob_pass(tiny_policy_pat
         next(module.policy.parameters()).add_(0.01)
     moved = module.kl_probe_logits(9)
     assert not torch.allclose(moved, cached)
+
+
+_RESOLVE = """
+import dataclasses, sys
+from logra_lightning import warmup
+warmup.BUILTIN_MODELS["lock-test"] = dataclasses.replace(warmup.BUILTIN_MODELS["arithmetic-tiny-raw"], steps=3, test_size=8)
+print("PATH", warmup.resolve_model("builtin:lock-test"), flush=True)
+"""
+
+
+def test_parallel_processes_build_a_builtin_policy_once(tmp_path) -> None:
+    """Two processes that start on an empty cache: one warms up, the other waits and reuses it.
+
+    Before the build lock every process (DDP ranks, parallel runs) warmed up its own copy.
+    A directory left by a killed build (``<name>.tmp<dead pid>``) is removed by the next build.
+    """
+    env = dict(os.environ, LOGRA_CACHE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    cfg = dataclasses.replace(warmup.BUILTIN_MODELS["arithmetic-tiny-raw"], steps=3, test_size=8)
+    (tmp_path / f"lock-test-{warmup._key(cfg)}.tmp999999999").mkdir()  # no such pid
+    procs = [subprocess.Popen([sys.executable, "-c", _RESOLVE], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    paths = {line.split(" ", 1)[1] for out in outs for line in out.splitlines() if line.startswith("PATH ")}
+    assert len(paths) == 1
+    assert sum("[logra] built builtin:lock-test" in out for out in outs) == 1, outs
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [Path(paths.pop()).name]

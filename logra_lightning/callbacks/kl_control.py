@@ -23,20 +23,21 @@ The callback calls it under ``torch.no_grad()`` with autocast disabled.
 
 Per optimizer step (hooked on ``on_before_optimizer_step``, which Lightning calls inside
 ``optimizer.step()`` after the closure, in automatic and manual optimization alike, and
-on ``Optimizer.register_step_post_hook``, so a module may take several steps per batch):
+on ``Optimizer.register_step_post_hook``, so a module may take several steps per batch),
+the callback talks to one interface, :func:`~logra_lightning.optim.two_phase.two_phase`
+(``prepare_update`` / ``update_max_abs`` / ``perturb_`` / ``set_step_scale``), with one
+control sequence: base logits → ``prepare_update()`` → ``eps`` from ``update_max_abs()``
+→ ``perturb_(eps)`` → probe logits → ``perturb_(-eps)`` → ``K`` → ``set_step_scale(eta)``.
+Where the candidate Δ exists decides when it runs:
 
-- **Two-phase optimizers** (:class:`~logra_lightning.optim.LoGRA`: ``prepare_update``,
-  ``update_max_abs``, ``perturb_``, ``set_step_scale``): base logits → ``prepare_update()``
-  → ``eps`` from ``update_max_abs()`` → ``perturb_(eps)`` → probe logits → ``perturb_(-eps)``
-  → ``K`` → ``set_step_scale(eta)``; the optimizer then applies ``eta * Δ``. Extra memory:
+- **LoGRA** (natively two-phase) holds Δ before its ``step()``, so the sequence runs in
+  ``on_before_optimizer_step`` and the optimizer's step applies ``eta * Δ``. Extra memory:
   none beyond the logits (W is perturbed in place; ``update_max_abs`` materializes one
   matrix's Δ at a time).
-- **Any other optimizer** (e.g. ``torch.optim.AdamW``): snapshot-and-rescale. Before the
-  step, copy every param that has a gradient; let the optimizer step; turn the copy into
-  ``Δ = new - old`` in place; probe at ``old + eps*Δ``; set ``W = old + eta*Δ``.
-  Extra memory: **one copy of the params being trained**, held from just before the step
-  to just after it. The optimizer's moments advance as for the full step (only the
-  applied update is scaled), as they do with LoGRA.
+- **Any other optimizer** (e.g. ``torch.optim.AdamW``) gets snapshot-and-rescale calls:
+  params are copied before its step and Δ is ``new - old`` after it, so the sequence runs
+  in the step's post-hook and ends with ``W = old + eta * Δ``. Extra memory: **one copy of
+  the params being trained**, held from just before the step to just after it.
 
 Both paths cost two extra forward passes (base, probe) on ``sample_tokens`` tokens per
 step, plus one (realized) on measured steps; logits are held as two ``[N, V]`` tensors
@@ -55,10 +56,15 @@ Choices, in more detail than docs/design.md §4:
    takes the same ``eta`` and keeps the same calibration. Checked with DDP (2 CPU processes,
    gloo, different data per rank: identical ``eta`` and calibration); not yet run under FSDP2.
 3. **Gradient clipping** runs after ``on_before_optimizer_step``, i.e. after LoGRA's
-   ``prepare_update`` has read the gradients, so it has no effect on a two-phase optimizer
-   (a warning says so). The snapshot path sees the clipped update.
+   ``prepare_update`` has read the gradients, so it has no effect on a natively two-phase
+   optimizer (a warning says so). The snapshot adapter sees the clipped update.
 4. **Metrics are logged once per batch** (``on_train_batch_end``, mean over the optimizer
    steps of the batch); every step is kept in :attr:`KLStepControl.history` (the last 10,000).
+   ``kl/realized`` exists on measured batches only, so it goes straight to ``trainer.loggers``
+   (as Lightning's ``LearningRateMonitor`` does; through ``self.log`` a key logged on some steps
+   only is re-sent with its old value on the steps in between) at the step Lightning gives
+   ``self.log`` metrics, the number of training batches before this one: the callback counts
+   them (and checkpoints the count), so a skipped optimizer step does not shift the curve.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -74,17 +80,21 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from logra_lightning._util import WarnOnce
 from logra_lightning.kl import (
     DEFAULT_PROBE_WEIGHT_CHANGE,
+    calibration_from_ema,
     choose_step_scale,
     exact_kl,
     finite_difference_epsilon,
+    informative_measurement,
     softmax_variance_kl,
+    update_log_calibration,
 )
+from logra_lightning.optim.two_phase import is_two_phase, two_phase
 
-_TWO_PHASE = ("prepare_update", "update_max_abs", "perturb_", "set_step_scale")
-# Raw predictions below this fraction of the target do not update the calibration.
-_MIN_CALIBRATION_FRACTION = 1e-3
+__all__ = ["KLStepControl", "SupportsKLProbe", "is_two_phase"]
+
 # Per-step records kept in `history` (each a small dict of floats).
 _HISTORY = 10_000
 
@@ -96,41 +106,6 @@ class SupportsKLProbe(Protocol):
     def kl_probe_logits(self, max_tokens: int) -> torch.Tensor:
         """``[N, V]`` logits, ``N <= max_tokens``, of the current batch at fixed positions and current weights."""
         ...
-
-
-def is_two_phase(optimizer: Any) -> bool:
-    """Whether ``optimizer`` splits "compute the candidate update" from "apply it with a scale"."""
-    return all(callable(getattr(optimizer, name, None)) for name in _TWO_PHASE)
-
-
-def update_log_calibration(
-    ema: float, count: int, realized: float, predicted_raw: float, rate: float
-) -> tuple[float, int]:
-    """One EMA step of ``log(realized / predicted_raw)``; returns the new ``(ema, count)``.
-
-    The calibration is ``exp(ema / (1 - (1 - rate)**count))`` (bias-corrected, 1 when
-    ``count == 0``); see :func:`calibration_from_ema`.
-
-    Example::
-
-        >>> ema, n = update_log_calibration(0.0, 0, realized=2e-3, predicted_raw=1e-3, rate=0.3)
-        >>> round(calibration_from_ema(ema, n, 0.3, (0.25, 4.0)), 6)  # first measurement taken whole
-        2.0
-    """
-    return (1.0 - rate) * ema + rate * math.log(realized / predicted_raw), count + 1
-
-
-def calibration_from_ema(ema: float, count: int, rate: float, bounds: tuple[float, float]) -> float:
-    """Bias-corrected ``exp(ema)`` clamped to ``bounds``; ``1.0`` before the first measurement."""
-    if count == 0:
-        return 1.0
-    log_c = ema / (1.0 - (1.0 - rate) ** count)
-    return float(min(max(math.exp(log_c), bounds[0]), bounds[1]))
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (FSDP2), else the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class KLStepControl(L.Callback):
@@ -171,7 +146,8 @@ class KLStepControl(L.Callback):
         :attr:`history` keeps one record per step, also with ``predicted_raw`` (``eta**2 * K``)
         and timings: ``probe_s`` (the prediction's two forward passes), ``measure_s`` (the
         realized one) and ``control_s`` (all the time the callback adds to the step, both
-        included; LoGRA's ``prepare_update`` is not counted, the step would run it anyway).
+        included; a natively two-phase optimizer's ``prepare_update`` is not counted, its step
+        would run it anyway).
 
     Example::
 
@@ -222,10 +198,12 @@ class KLStepControl(L.Callback):
         self._steps = 0  # optimizer steps controlled so far (resumable)
         self._log_cal_ema = 0.0
         self._num_measurements = 0
-        self._pending: dict[int, dict[str, Any]] = {}  # id(optimizer) -> this step's state
+        self._batches: int | None = None  # batches that stepped so far: the logger step of the next (resumable)
+        self._stepped = False  # an optimizer step was seen in the current batch
+        self._pending: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(optimizer) -> (two-phase adapter, record)
         self._batch_records: list[dict[str, Any]] = []
         self._hooked: dict[int, Any] = {}  # id(optimizer) -> post-hook handle
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce(rank_zero_warn)
 
     # ------------------------------------------------------------------ state
     @property
@@ -243,6 +221,7 @@ class KLStepControl(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {
             "steps": self._steps,
+            "batches": self._batches if self._batches is not None else self._steps,
             "log_calibration_ema": self._log_cal_ema,
             "num_measurements": self._num_measurements,
             "calibration": self.calibration,  # for readers of the checkpoint; derived on load
@@ -251,15 +230,11 @@ class KLStepControl(L.Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._steps = int(state_dict["steps"])
+        self._batches = state_dict.get("batches")  # None in older checkpoints: taken from global_step at start
         self._log_cal_ema = float(state_dict["log_calibration_ema"])
         self._num_measurements = int(state_dict["num_measurements"])
 
     # ---------------------------------------------------------------- helpers
-    def _warn_once(self, key: str, msg: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            rank_zero_warn(msg)
-
     def _probe(self, pl_module: L.LightningModule, record: dict[str, Any], timer: str = "probe_s") -> torch.Tensor:
         start = time.perf_counter()
         with torch.no_grad(), torch.autocast(device_type=pl_module.device.type, enabled=False):
@@ -285,23 +260,29 @@ class KLStepControl(L.Callback):
         t = torch.tensor(float(value), dtype=torch.float64, device=pl_module.device)
         return float(trainer.strategy.reduce(t, reduce_op=op))
 
-    def _predict(self, trainer, pl_module, record: dict[str, Any], max_abs: float, perturb: Callable[[float], None]):
-        """``K`` from one finite-difference probe along Δ; ``perturb(a)`` moves W by ``a * Δ``."""
-        eps = finite_difference_epsilon(self._reduce(trainer, pl_module, max_abs, "max"), self.probe_weight_change)
+    @torch.no_grad()
+    def _control(self, trainer: L.Trainer, pl_module: L.LightningModule, two: Any, record: dict[str, Any]) -> None:
+        """The control sequence on the two-phase calls: Δ, ``K`` from one finite-difference probe, ``eta``."""
+        prepare_start = time.perf_counter()
+        two.prepare_update()
+        if two.candidate_before_step:  # the optimizer's own work, not the control's
+            record["control_s"] -= time.perf_counter() - prepare_start
+        max_abs = self._reduce(trainer, pl_module, two.update_max_abs(), "max")
+        eps = finite_difference_epsilon(max_abs, self.probe_weight_change)
         K = 0.0
         if eps > 0.0:
-            perturb(eps)
+            two.perturb_(eps)
             try:
                 probe = self._probe(pl_module, record)
             finally:
-                perturb(-eps)
+                two.perturb_(-eps)
             base = record["base"]
             K = float(softmax_variance_kl(base, (probe.double() - base.double()) / eps))
         K = self._reduce(trainer, pl_module, K, "mean")
         c = self.calibration
         eta = choose_step_scale(K, self.target_kl, self.min_scale, self.max_scale, c)
+        two.set_step_scale(eta)
         record.update(K=K, calibration=c, eta=eta)
-        return eta
 
     def _hook(self, optimizer: torch.optim.Optimizer, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if id(optimizer) in self._hooked:
@@ -311,6 +292,20 @@ class KLStepControl(L.Callback):
             self._after_step(trainer, pl_module, opt)
 
         self._hooked[id(optimizer)] = optimizer.register_step_post_hook(post_step)
+
+    def _check_optimizer(self, trainer: L.Trainer, opt: torch.optim.Optimizer) -> None:
+        if is_two_phase(opt) and trainer.gradient_clip_val:
+            self._warn_once(
+                "clip", "KLStepControl: gradient clipping runs after `on_before_optimizer_step`, where the two-phase "
+                f"optimizer {type(opt).__name__} has already read the gradients, so it has no effect. Set "
+                "gradient_clip_val=None, or rely on the KL control to bound the step.",
+            )  # fmt: skip
+        if any(p.dtype not in (torch.float32, torch.float64) for g in opt.param_groups for p in g["params"]):
+            self._warn_once(
+                "dtype", "KLStepControl: some params are not fp32; a probe step of "
+                f"{self.probe_weight_change:g} per weight may round away. Keep fp32 master weights "
+                "(e.g. precision='bf16-mixed') or raise probe_weight_change.",
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ hooks
     @override
@@ -332,77 +327,51 @@ class KLStepControl(L.Callback):
             )
 
     @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._batches is None:  # a fresh run, or a checkpoint without this callback's count
+            self._batches = trainer.global_step
+
+    @override
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         start = time.perf_counter()
         opt = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer, if handed one
         self._hook(opt, trainer, pl_module)
+        self._stepped = True
         self._pending.pop(id(opt), None)  # a step skipped after its hook (e.g. AMP inf) left stale state
-        two_phase = is_two_phase(opt)
-        if two_phase and trainer.gradient_clip_val:
-            self._warn_once(
-                "clip", "KLStepControl: gradient clipping runs after `on_before_optimizer_step`, where the two-phase "
-                f"optimizer {type(opt).__name__} has already read the gradients, so it has no effect. Set "
-                "gradient_clip_val=None, or rely on the KL control to bound the step.",
-            )  # fmt: skip
-        params = [p for g in opt.param_groups for p in g["params"]]
-        if any(p.dtype not in (torch.float32, torch.float64) for p in params):
-            self._warn_once(
-                "dtype", "KLStepControl: some params are not fp32; a probe step of "
-                f"{self.probe_weight_change:g} per weight may round away. Keep fp32 master weights "
-                "(e.g. precision='bf16-mixed') or raise probe_weight_change.",
-            )  # fmt: skip
-        record: dict[str, Any] = {"step": self._steps, "two_phase": two_phase}
+        self._check_optimizer(trainer, opt)
+        two = two_phase(opt)
+        record: dict[str, Any] = {"step": self._steps, "two_phase": two.candidate_before_step}
         record.update(probe_s=0.0, measure_s=0.0, control_s=0.0)
         record["measure"] = self.measure_every > 0 and self._steps % self.measure_every == 0
         record["base"] = self._probe(pl_module, record)
-        if two_phase:
-            prepare_start = time.perf_counter()
-            opt.prepare_update()
-            start += time.perf_counter() - prepare_start  # the optimizer's own work, not the control's
-            eta = self._predict(trainer, pl_module, record, opt.update_max_abs(), opt.perturb_)
-            opt.set_step_scale(eta)
-        else:
-            record["snapshot"] = [(p, _local(p).detach().clone()) for p in params if p.grad is not None]
+        two.begin()
+        if two.candidate_before_step:  # Δ exists now; the optimizer's step applies eta * Δ
+            self._control(trainer, pl_module, two, record)
         record["control_s"] += time.perf_counter() - start
-        self._pending[id(opt)] = record
+        self._pending[id(opt)] = (two, record)
 
     @torch.no_grad()
     def _after_step(self, trainer: L.Trainer, pl_module: L.LightningModule, opt: torch.optim.Optimizer) -> None:
         start = time.perf_counter()
-        record = self._pending.pop(id(opt), None)
+        two, record = self._pending.pop(id(opt), (None, None))
         if record is None:
             return  # a step outside fit, or one the hook did not see
-        if not record["two_phase"]:
-            snapshot = record.pop("snapshot")
-            for p, old in snapshot:
-                torch.sub(_local(p), old, out=old)  # old <- Δ = new - old; W stays at old + 1*Δ
-            state = [1.0]  # W = old + state * Δ
-
-            def move(alpha: float) -> None:  # to old + (state + alpha) * Δ
-                for p, delta in snapshot:
-                    _local(p).add_(delta, alpha=alpha)
-                state[0] += alpha
-
-            max_abs = max((float(d.abs().max()) for _, d in snapshot), default=0.0)
-            move(-1.0)  # to old; the probe below runs at old + eps * Δ
+        if not two.candidate_before_step:  # Δ exists only now that the optimizer has stepped
             try:
-                self._predict(trainer, pl_module, record, max_abs, move)
+                self._control(trainer, pl_module, two, record)
             finally:
-                move(record.get("eta", 1.0) - state[0])
-            del snapshot
+                two.finish()
         K, c, eta = record["K"], record["calibration"], record["eta"]
         record.update(predicted=eta * eta * K * c, predicted_raw=eta * eta * K, predicted_unscaled=K * c, realized=None)
         if record["measure"]:
             after = self._probe(pl_module, record, "measure_s")
             realized = self._reduce(trainer, pl_module, float(exact_kl(record["base"], after)), "mean")
             record["realized"] = realized
-            raw = record["predicted_raw"]
-            ok = all(math.isfinite(v) and v > 0 for v in (realized, raw))
-            if ok and raw >= _MIN_CALIBRATION_FRACTION * self.target_kl:
+            if informative_measurement(realized, record["predicted_raw"], self.target_kl):
                 self._log_cal_ema, self._num_measurements = update_log_calibration(
-                    self._log_cal_ema, self._num_measurements, realized, raw, self.calibration_rate
+                    self._log_cal_ema, self._num_measurements, realized, record["predicted_raw"], self.calibration_rate
                 )
         del record["base"]
         record["control_s"] += time.perf_counter() - start
@@ -412,6 +381,10 @@ class KLStepControl(L.Callback):
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step = self._batches or 0  # the step Lightning logs this batch's `self.log` metrics at
+        if trainer.accumulate_grad_batches == 1 or self._stepped:  # Lightning counts batches that step
+            self._batches = step + 1
+        self._stepped = False
         records, self._batch_records = self._batch_records, []
         if not records:
             return
@@ -425,10 +398,7 @@ class KLStepControl(L.Callback):
         }
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         measured = [r["realized"] for r in records if r["realized"] is not None]
-        if measured:
-            # Straight to the loggers, as Lightning's LearningRateMonitor does: a key logged through
-            # `self.log` on some steps only is re-sent with its old value on the steps in between.
-            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        if measured:  # straight to the loggers (choice 4)
             for logger in trainer.loggers:
                 logger.log_metrics({"kl/realized": sum(measured) / len(measured)}, step=step)
 

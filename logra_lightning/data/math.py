@@ -39,7 +39,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -154,11 +154,28 @@ def gsm8k_final_answer(answer: str) -> str | None:
 
 
 class _MathFileSource(PromptSource):
-    """Shared loading, templating and filtering of the math sources (see the module docstring)."""
+    """Shared loading, templating and filtering of the math sources (see the module docstring).
+
+    A subclass adds the names of the fields it reads and turns a row into ``(question, answer)``
+    (:meth:`_question_and_answer`); everything else is these arguments, passed on as ``**kwargs``
+    (jsonargparse follows them here, so ``logra fit --help`` lists them under the subclass).
+
+    Args:
+        path: a ``.jsonl`` / ``.json`` / ``.parquet`` file, or a Hub name with ``from_hub=True``.
+        split: Hub split (``from_hub`` only).
+        from_hub: load ``path`` with ``datasets.load_dataset`` (needs network access).
+        hub_config: Hub config name (``"main"`` for ``openai/gsm8k``).
+        template: user-message template with a ``{question}`` placeholder.
+        system: optional system prompt.
+        use_chat_template: use the tokenizer's chat template when it has one.
+        max_prompt_chars: skip (and count) prompts longer than this many characters.
+        limit: keep only the first ``limit`` records.
+    """
 
     def __init__(
         self,
         path: str,
+        *,
         split: str = "train",
         from_hub: bool = False,
         hub_config: str | None = None,
@@ -234,14 +251,8 @@ class GSM8KSource(_MathFileSource):
         path: a ``.jsonl`` / ``.json`` / ``.parquet`` file, or a Hub name with ``from_hub=True``.
         question_field: field holding the problem text.
         answer_field: field holding the worked answer (``... #### 42``) or the bare answer.
-        split: Hub split (``from_hub`` only).
-        from_hub: load ``path`` with ``datasets.load_dataset`` (needs network access).
-        hub_config: Hub config name (``"main"`` for ``openai/gsm8k``).
-        template: user-message template with a ``{question}`` placeholder.
-        system: optional system prompt.
-        use_chat_template: use the tokenizer's chat template when it has one.
-        max_prompt_chars: skip (and count) prompts longer than this many characters.
-        limit: keep only the first ``limit`` records.
+        **kwargs: ``split``, ``from_hub``, ``hub_config``, ``template``, ``system``,
+            ``use_chat_template``, ``max_prompt_chars``, ``limit``: see :class:`_MathFileSource`.
 
     Raises:
         DataError: the file is missing (at creation) or malformed (at ``load``).
@@ -256,23 +267,8 @@ class GSM8KSource(_MathFileSource):
         >>> Trainer(max_steps=20).fit(module, datamodule=dm)  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        path: str,
-        question_field: str = "question",
-        answer_field: str = "answer",
-        split: str = "train",
-        from_hub: bool = False,
-        hub_config: str | None = None,
-        template: str = "{question}",
-        system: str | None = None,
-        use_chat_template: bool = True,
-        max_prompt_chars: int | None = None,
-        limit: int | None = None,
-    ) -> None:
-        super().__init__(
-            path, split, from_hub, hub_config, template, system, use_chat_template, max_prompt_chars, limit
-        )  # fmt: skip
+    def __init__(self, path: str, question_field: str = "question", answer_field: str = "answer", **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
         self.question_field, self.answer_field = question_field, answer_field
 
     def _question_and_answer(self, row: dict, where: str) -> tuple[str, str]:
@@ -292,8 +288,8 @@ class MATHSource(_MathFileSource):
         solution_field: field holding the worked solution.
         answer_field: field holding the short answer, used instead of the boxed one when
             present and non-empty; rows need either this or a boxed solution.
-        split, from_hub, hub_config, template, system, use_chat_template, max_prompt_chars,
-            limit: as for :class:`GSM8KSource`.
+        **kwargs: ``split``, ``from_hub``, ``hub_config``, ``template``, ``system``,
+            ``use_chat_template``, ``max_prompt_chars``, ``limit``: see :class:`_MathFileSource`.
 
     Raises:
         DataError: the file is missing (at creation) or malformed (at ``load``),
@@ -307,24 +303,9 @@ class MATHSource(_MathFileSource):
         >>> Trainer(max_steps=20).fit(module, datamodule=PromptDataModule(source))  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        path: str,
-        problem_field: str = "problem",
-        solution_field: str = "solution",
-        answer_field: str = "answer",
-        split: str = "train",
-        from_hub: bool = False,
-        hub_config: str | None = None,
-        template: str = "{question}",
-        system: str | None = None,
-        use_chat_template: bool = True,
-        max_prompt_chars: int | None = None,
-        limit: int | None = None,
-    ) -> None:
-        super().__init__(
-            path, split, from_hub, hub_config, template, system, use_chat_template, max_prompt_chars, limit
-        )  # fmt: skip
+    def __init__(self, path: str, problem_field: str = "problem", solution_field: str = "solution",
+                 answer_field: str = "answer", **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(path, **kwargs)
         self.problem_field, self.solution_field, self.answer_field = problem_field, solution_field, answer_field
 
     def _question_and_answer(self, row: dict, where: str) -> tuple[str, str]:

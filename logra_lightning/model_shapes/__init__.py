@@ -123,11 +123,11 @@ class Architecture:
     def active_intermediate_size(self) -> int:
         """MLP width one token passes through: ``intermediate_size``, or ``k * moe_intermediate_size`` under MoE.
 
-        The activation formulas in :mod:`logra_lightning.plan` use it in place of the dense
+        The activation formulas in :mod:`logra_lightning.plan.memory` use it in place of the dense
         ``intermediate_size``. For MoE layers this is an approximation (every token's ``k``
         experts as one MLP of ``k`` times the width): what the experts implementation saves for
         the routing (gathered inputs, expert outputs, router probabilities) is added separately
-        there (departure 6 of :mod:`logra_lightning.plan`).
+        there (departure 6 of :mod:`logra_lightning.plan.memory`).
         """
         return self.num_experts_per_tok * self.moe_intermediate_size if self.num_experts else self.intermediate_size
 

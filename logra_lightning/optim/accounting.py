@@ -33,14 +33,11 @@ from typing import Any, Iterator
 
 import torch
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor, else the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
+from logra_lightning._util import local
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
-    t = _local(t)
+    t = local(t)
     return t.numel() * t.element_size()
 
 
@@ -74,7 +71,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in _tensors(list(optimizer.state.values())):
-        storage = _local(t).untyped_storage()
+        storage = local(t).untyped_storage()
         key = (str(t.device), storage.data_ptr())
         if storage.nbytes() == 0 or key in seen:
             continue

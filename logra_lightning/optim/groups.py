@@ -98,6 +98,16 @@ def _build_groups(lowrank, dense, rank, lowrank_kwargs, emb_ids=frozenset()) -> 
     return groups
 
 
+def split_by_rank(groups: list[dict[str, Any]], rank: int, *, include=None, exclude=None) -> list[dict[str, Any]]:
+    """Each group split by :func:`split_named_params`, keeping the group's other keys."""
+    split = []
+    for g in groups:
+        extra = {k: v for k, v in g.items() if k not in ("params", "param_names")}
+        for sub in split_named_params(zip(g["param_names"], g["params"]), rank, include=include, exclude=exclude):
+            split.append({**extra, **sub})
+    return split
+
+
 def split_named_params(
     named: Iterable[tuple[str, torch.Tensor]], rank: int, *, include=None, exclude=None, **lowrank_kwargs
 ) -> list[dict[str, Any]]:
@@ -182,3 +192,31 @@ def normalize_params(params: Any) -> list[dict[str, Any]]:
         g["params"], g["param_names"] = ps, names
         groups.append(g)
     return groups
+
+
+SIDES = ("auto", "left", "right")
+REFRESH = ("randomized", "svd")
+
+
+def validate_hparams(lr, betas, eps, weight_decay, update_proj_gap, scale, side, refresh, oversample, rank) -> None:
+    """Check LoGRA's hyperparameters (of the constructor or one group); the message names the bad value."""
+    if not lr >= 0:
+        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
+    if not eps >= 0:
+        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"Invalid betas: {betas} (each must be in [0, 1))")
+    if not weight_decay >= 0:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
+    if not (isinstance(update_proj_gap, int) and update_proj_gap >= 1):
+        raise ValueError(f"Invalid update_proj_gap: {update_proj_gap} (must be an int >= 1)")
+    if not scale > 0:
+        raise ValueError(f"Invalid scale: {scale} (must be > 0)")
+    if side not in SIDES:
+        raise ValueError(f"Invalid side: {side!r} (allowed: {', '.join(map(repr, SIDES))})")
+    if refresh not in REFRESH:
+        raise ValueError(f"Invalid refresh: {refresh!r} (allowed: {', '.join(map(repr, REFRESH))})")
+    if not (isinstance(oversample, int) and oversample >= 0):
+        raise ValueError(f"Invalid oversample: {oversample} (must be an int >= 0)")
+    if rank is not None and not (isinstance(rank, int) and rank >= 1):
+        raise ValueError(f"Invalid rank: {rank} (must be an int >= 1, or None for dense AdamW)")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import torch
 import torch.distributed as dist
@@ -146,3 +146,31 @@ def gather_chunks(local: torch.Tensor, shard: RowShard, total: int) -> torch.Ten
     out = local.new_empty((size * shard.world, *local.shape[1:]))
     _all_gather_single(out, padded, group=shard.group)
     return out[:total]
+
+
+def complete_sketches(members: list[tuple[Hashable, torch.Tensor, RowShard | None, bool]]) -> set[Hashable]:
+    """Complete the partial left sketches of row-sharded matrices; return the keys of non-finite sketches.
+
+    ``members`` holds ``(key, sketch, shard, is_left)`` per matrix. A whole matrix is only
+    checked. Per shard group, one all-reduce carries every partial left sketch ``P_i.T @ G_i``
+    (summed in place) and one non-finite flag per sharded matrix, so every rank skips the same
+    matrices.
+    """
+    nonfinite: set[Hashable] = set()
+    by_group: dict[Any, list[tuple[Hashable, torch.Tensor, bool]]] = {}
+    for key, sketch, shard, is_left in members:
+        if shard is not None:
+            by_group.setdefault(shard.group, []).append((key, sketch, is_left))
+        elif not bool(torch.isfinite(sketch).all()):
+            nonfinite.add(key)
+    for pg, group in by_group.items():
+        left = [s for _, s, is_left in group if is_left]
+        flags = [(~torch.isfinite(s)).any().float().reshape(1) for _, s, _ in group]
+        flat = all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in left]), pg)
+        offset = len(group)
+        for s in left:
+            s.copy_(flat[offset : offset + s.numel()].view_as(s))  # [r, n]: P.T @ G
+            offset += s.numel()
+        nonfinite.update(key for (key, _, _), bad in zip(group, flat[: len(group)].tolist()) if bad > 0)
+    return nonfinite
+

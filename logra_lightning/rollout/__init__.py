@@ -6,12 +6,13 @@ never imports vLLM (which is optional and slow to import).
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, RolloutEngine, SamplingConfig
 from logra_lightning.rollout.hf import HFEngine, HFEngineSpec
+from logra_lightning.rollout.vllm_options import VLLMOptions
 
 _LAZY = {"VLLMEngine", "VLLMEngineSpec"}
 
 __all__ = [
     "EngineSpec", "HFEngine", "HFEngineSpec", "LowRankUpdate", "Rollout", "RolloutEngine", "SamplingConfig",
-    "VLLMEngine", "VLLMEngineSpec",
+    "VLLMEngine", "VLLMEngineSpec", "VLLMOptions",
 ]  # fmt: skip
 
 

@@ -35,6 +35,16 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
+    def metrics(self, seconds: float) -> dict[str, float]:
+        """``completion/length_mean``, ``completion/clipped_ratio`` and, for a step of ``seconds``, ``perf/*``."""
+        lengths = [len(c) for c in self.completion_ids]
+        return {
+            "completion/length_mean": sum(lengths) / max(len(lengths), 1),
+            "completion/clipped_ratio": 1.0 - sum(self.finished) / max(len(self.finished), 1),
+            "perf/step_seconds": seconds,
+            "perf/tokens_per_second": sum(lengths) / seconds,
+        }
+
 
 @dataclass
 class SamplingConfig:

