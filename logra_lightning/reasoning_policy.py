@@ -24,12 +24,16 @@ it already has is wanted, as RL post-training of LLMs mostly does.
 
 Run it alone: ``python -m logra_lightning.reasoning_policy`` (prints the path and accuracies).
 
-**Cost** (measured on the 2-core machine, 1 thread, batch 32, sequences up to ~52 tokens): about
-4 s of CPU per warm-up step, so the 250 steps take about 17 min on an idle core plus a few minutes
-to train the tokenizer, draw the data and evaluate 3 x 256 held-out problems. The loss on completion
-tokens was 1.67 / 1.24 / 1.16 after 25 / 50 / 75 steps; the first full warm-up was stopped there
-(the machine was shared by many jobs, load 10-26, and the process got 13% of a core), so the
-held-out accuracies of the finished policy are not measured yet.
+**Cost and result** (measured on the 2-core machine shared with other jobs, 1 thread, batch 32, sequences
+up to ~52 tokens): about 4 s of CPU per step; the 250 steps took 2294 s wall at load 7-20 (about 17 min
+on an idle core), plus the tokenizer, data and 3 x 256 greedy evaluations. The loss on completion tokens
+went 1.67 / 1.24 / 1.19 / 0.96 / 0.98 at steps 25 / 50 / 100 / 200 / 250 (identical in a second run: the
+warm-up is deterministic). **That budget is far too small**: the policy writes every task's format (and
+the slip: a trailing ``.`` on 88% / 32% / 42% of held-out arithmetic / countdown / sorting answers) but
+gets 0.0% of the answers right on each task, even ignoring the ``.`` (e.g. ``588+466=`` ->
+``8+5=10, 5+5+1=10, 6+5+1=11; Answer: 1131.``). RL cannot select a behaviour the policy does not have, so
+the accuracy half of ``benchmarks/reasoning_tasks.py`` needs a much longer warm-up (or easier tasks)
+before it means anything; the memory half does not depend on it.
 
 Example::
 
