@@ -42,8 +42,8 @@ Example::
     >>> from logra_lightning.models import load_policy
     >>> _, tok = load_policy(path)
     >>> text = "Make 46 from 7 25 3: 3*7=21, 25+21=46; Answer: 25+(3*7)"
-    >>> tok.decode(tok.encode(text)) == text, tok.tokenize("Answer: 25")
-    (True, ['Answer', ':', 'Ġ', '2', '5'])
+    >>> tok.decode(tok.encode(text)) == text, tok.tokenize(" Answer: 25")
+    (True, ['ĠAnswer', ':', 'Ġ', '2', '5'])
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logra_lightning.data import ChainArithmeticSource, CountdownSource, SortingSource
+from logra_lightning import reasoning_policy
 from logra_lightning.data import chain_arithmetic, countdown, sorting, splits
 from logra_lightning.errors import ConfigError
 from logra_lightning.rewards import AnswerMatchReward, CountdownReward
@@ -165,7 +166,8 @@ def test_reward_arguments_are_checked() -> None:
         CountdownReward(max_chars=0)
 
 
-@pytest.mark.parametrize("module", [chain_arithmetic, countdown, sorting, splits, answer_module, countdown_reward])
+@pytest.mark.parametrize("module", [chain_arithmetic, countdown, sorting, splits, answer_module, countdown_reward,
+                                    reasoning_policy])
 def test_docstring_examples_run(module) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
