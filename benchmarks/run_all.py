@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import ROOT, load_average  # noqa: E402
 
 SCRIPTS = ["optimizer_memory", "optimizer_step_time", "plan_vs_measured", "sync_cost", "quality", "kl_control", "trl_grpo",
-           "architectures"]
+           "architectures", "reasoning_tasks"]
 # name -> (script, arguments of the full run); a name missing from QUICK_SCRIPTS has no --quick mode of its own
 FULL_ARGS = {"optimizer_step_time": ("optimizer_memory", ["--sizes", "100m", "--rows", "adamw", "logra", "--repeat", "3",
                                                           "--out", "benchmarks/results/optimizer_step_time.json"]),

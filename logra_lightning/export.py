@@ -101,7 +101,10 @@ def base_model_dir(spec: str, workdir: str | os.PathLike) -> str:
     if spec.startswith(BUILTIN_PREFIX):
         from logra_lightning.models import build_tiny_model
 
-        return build_tiny_model(Path(workdir) / "base", BUILTIN_MODELS[spec[len(BUILTIN_PREFIX) :]].model)
+        builtin = BUILTIN_MODELS[spec[len(BUILTIN_PREFIX) :]]
+        if hasattr(builtin, "build"):  # the reasoning policy: its own BPE tokenizer (logra_lightning.reasoning_policy)
+            return builtin.build(Path(workdir) / "base")
+        return build_tiny_model(Path(workdir) / "base", builtin.model)
     return spec
 
 

@@ -25,7 +25,7 @@ Example::
 
     >>> from logra_lightning.warmup import BUILTIN_MODELS
     >>> sorted(BUILTIN_MODELS)
-    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw']
+    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw', 'reasoning-20m']
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import torch
 from logra_lightning.data.arithmetic import ArithmeticSource, ones_carry
 from logra_lightning.errors import ConfigError
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+from logra_lightning.reasoning_policy import ReasoningWarmupConfig
 
 BUILTIN_PREFIX = "builtin:"
 WARMUP_VERSION = 3  # bump when the warm-up code changes its result
@@ -79,7 +80,7 @@ class WarmupConfig:
 # 34.8% / 0.0% greedy, as the argmax then takes the same side on nearly every problem.
 ARITHMETIC_TINY = TinyModelConfig(hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=704, num_layers=4)
 
-BUILTIN_MODELS: dict[str, WarmupConfig] = {
+BUILTIN_MODELS: dict[str, WarmupConfig | ReasoningWarmupConfig] = {
     "arithmetic-tiny": WarmupConfig(steps=800, format_noise=(0.9, 0.1), model=ARITHMETIC_TINY),
     "arithmetic-tiny-clean": WarmupConfig(model=ARITHMETIC_TINY),
     "arithmetic-tiny-raw": WarmupConfig(steps=0),
@@ -88,6 +89,8 @@ BUILTIN_MODELS: dict[str, WarmupConfig] = {
                                           model=replace(ARITHMETIC_TINY, architecture="llama")),
     "arithmetic-tiny-gemma3": WarmupConfig(steps=800, format_noise=(0.9, 0.1),
                                            model=replace(ARITHMETIC_TINY, architecture="gemma3", tie_word_embeddings=True)),
+    # ~20M Llama, BPE tokenizer, three reasoning tasks (logra_lightning.reasoning_policy; benchmarks/reasoning_tasks.py)
+    "reasoning-20m": ReasoningWarmupConfig(),
 }
 
 
@@ -239,7 +242,7 @@ def resolve_model(spec: str) -> str:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # tiny model: 1 thread is several times faster here (docs/design.md §7)
         try:
-            summary = warm_up(tmp, cfg)
+            summary = cfg.warm_up(tmp) if isinstance(cfg, ReasoningWarmupConfig) else warm_up(tmp, cfg)
         finally:
             torch.set_num_threads(threads)
         shutil.rmtree(target, ignore_errors=True)  # a directory without warmup.json is an unfinished build

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import kl_control, make_readme, optimizer_memory, plan_vs_measured, plots, quality, trl_grpo  # noqa: E402
+from benchmarks import kl_control, make_readme, optimizer_memory, plan_vs_measured, plots, quality, reasoning_tasks, trl_grpo  # noqa: E402
 
 MEMORY_ROW_FIELDS = {"train_peak_bytes", "steady_peak_bytes", "optimizer_state_bytes", "grad_bytes_after_backward",
                      "step_time_s_median", "step_cpu_s_median", "rss_before_model_bytes", "load_before", "load_after"}  # fmt: skip
@@ -200,3 +200,54 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     assert plots.main(["--quick", "--results", str(tmp_path)])[0].name == "sync_cost_quick.png"
     text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
     assert "low-rank sends" in text and "bytes ratio" in text
+
+
+def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: Path) -> None:
+    res = reasoning_tasks.main(["--quick", "--out", str(tmp_path / "reasoning_tasks_quick.json"),
+                                "--work-dir", str(tmp_path / "runs")])  # fmt: skip
+    _check_header(res)
+    rows = [r for r in reasoning_tasks.ROWS if r not in res["settings"]["pending"]]
+    assert {"adamw", "logra"} <= set(rows) and set(res["settings"]["pending"]) <= {"lora"}
+    assert [(r["row"], r["lr"]) for r in res["sweep_runs"]] == [(row, lr) for row in rows
+                                                                for lr in reasoning_tasks.SWEEP_LRS[row][:1]]  # fmt: skip
+    assert all(res["sweep"][row]["lr"] in reasoning_tasks.SWEEP_LRS[row] for row in rows)
+    assert [(r["task"], r["row"]) for r in res["runs"]] == [(t, row) for t in reasoning_tasks.TASKS for row in rows]
+    for run in res["runs"]:
+        assert run["ok"], run.get("error")
+        mem = run["memory"]
+        assert mem["peak_rss_bytes"] > mem["rss_before_model_bytes"] > 0 and mem["train_memory_bytes"] > 0
+        assert mem["state_bytes"] >= mem["param_bytes"] > 0 and 0.0 <= run["accuracy_after"] <= 1.0
+    logra = res["summary"]["average"]["logra"]
+    assert {"train_memory_bytes_reduction_vs_adamw", "peak_rss_bytes_reduction_vs_adamw",
+            "state_bytes_reduction_vs_adamw", "accuracy_after_vs_adamw_points"} <= set(logra)  # fmt: skip
+    adamw_state = res["summary"]["per_task"]["sorting"]["adamw"]["optimizer_state_bytes"]["mean"]
+    assert res["summary"]["per_task"]["sorting"]["logra"]["optimizer_state_bytes"]["mean"] < adamw_state
+    written = plots.main(["--quick", "--results", str(tmp_path)])
+    assert [p.name for p in written] == ["reasoning_tasks_quick.png"]
+    text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
+    assert "## Reasoning tasks: the paper's table" in text and "| **average** | logra |" in text
+
+
+def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() -> None:
+    sweep = [{"row": "adamw", "lr": lr, "ok": True, "late_reward": r} for lr, r in ((1e-4, 0.2), (3e-4, 0.5), (1e-3, 0.4))]
+    sweep.append({"row": "logra", "lr": 1e-3, "ok": False, "late_reward": None})
+    picked = reasoning_tasks.pick_lrs(sweep)
+    assert picked["adamw"]["lr"] == 3e-4 and picked["logra"]["lr"] is None
+
+    def run(task, row, seed, train, acc):
+        return {"task": task, "row": row, "seed": seed, "ok": True, "accuracy_before": 0.5, "accuracy_after": acc,
+                "step_seconds_median": 1.0, "memory": {"peak_rss_bytes": 2 * train, "train_memory_bytes": train,
+                                                       "state_bytes": train, "optimizer_state_bytes": 1,
+                                                       "grad_bytes": 0}}  # fmt: skip
+
+    runs = [run("a", "adamw", 0, 100, 0.8), run("a", "logra", 0, 60, 0.9), run("a", "adamw", 1, 200, 0.6),
+            run("a", "logra", 1, 100, 0.6), run("b", "adamw", 0, 100, 0.5), run("b", "logra", 0, 80, 0.5),
+            run("b", "adamw", 1, 100, 0.5), run("b", "logra", 1, 80, 0.7)]  # fmt: skip
+    got = reasoning_tasks.summarize(runs, ["adamw", "logra"])
+    red = got["per_task"]["a"]["logra"]["train_memory_bytes_reduction_vs_adamw"]
+    assert red["mean"] == pytest.approx(0.45) and red["min"] == pytest.approx(0.4)  # seeds: 1-60/100, 1-100/200
+    avg = got["average"]["logra"]
+    assert avg["train_memory_bytes_reduction_vs_adamw"]["mean"] == pytest.approx((0.3 + 0.35) / 2)  # tasks per seed
+    assert avg["accuracy_after_vs_adamw_points"]["mean"] == pytest.approx(((10 + 0) / 2 + (0 + 20) / 2) / 2)
+    assert "train_memory_bytes_reduction_vs_adamw" not in got["average"]["adamw"]
+    assert avg["state_bytes_reduction_vs_adamw"]["mean"] == pytest.approx((0.3 + 0.35) / 2)

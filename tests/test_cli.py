@@ -25,6 +25,8 @@ NEEDS_STAND_IN = {
                                    "--data.val.init_args.path", str(DATA / "math_tiny.jsonl")],
 }  # fmt: skip
 SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run as a subprocess by tests/test_fsdp_lightning.py
+# The reasoning configs run on a tiny policy with their own BPE tokenizer in tests/test_reasoning_tasks.py.
+OWN_TEST = {c for c in CONFIGS if c.startswith("reasoning_")}
 # The demo on other families: here on a 1-layer random-init model of the same family (the full
 # config, warm-up included, is measured in README); its vLLM engine is replaced like the others'.
 OTHER_FAMILY = {"arithmetic_tiny_llama.yaml": "llama", "arithmetic_tiny_gemma3.yaml": "gemma3"}
@@ -54,7 +56,7 @@ def engine_override(config: str) -> list[str]:
     return ["--model.engine", "logra_lightning.rollout.HFEngineSpec"] if "VLLMEngineSpec" in text else []
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c not in SLOW])
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c not in SLOW | OWN_TEST])
 def test_config_smoke(config, tmp_path, tiny_policy_path):
     args = ["fit", "--config", str(ROOT / "configs" / config), *tiny_budget(tmp_path), *engine_override(config)]
     if config in NEEDS_STAND_IN:

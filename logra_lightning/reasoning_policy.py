@@ -1,0 +1,252 @@
+"""The reasoning policy: a ~20M-parameter Llama with a BPE tokenizer trained here, warmed up on three tasks.
+
+``builtin:reasoning-20m`` is built locally, like the demo's policy (:mod:`logra_lightning.warmup`),
+and cached under ``$LOGRA_CACHE_DIR`` keyed by a hash of every setting:
+
+1. **Tokenizer.** A byte-level BPE (``tokenizers``) trained on text of the three tasks
+   (:func:`train_bpe_tokenizer`): digits are split one per token (as Llama and Qwen do, so
+   numbers are read digit by digit), everything else is merged by BPE (``" Answer"``,
+   ``" from"``, ``")*"``). Byte-level means every string round-trips, spaces and newlines
+   included, under ``tokenizers``, transformers' ``AutoTokenizer`` and vLLM alike.
+2. **Model.** A randomly initialised Llama (:data:`REASONING_20M`: hidden 512, 6 layers, 8 heads
+   of 64, MLP 1408; 19.8M parameters), saved as a normal Hugging Face directory.
+3. **Warm-up.** Supervised steps on reference completions of the three tasks mixed
+   (:data:`TASKS`: chain-of-thought arithmetic, countdown, sorting), loss on completion tokens
+   only, AdamW with linear warm-up and cosine decay.
+
+**Sloppy demonstrations**, as in the demo: on each task 90% of the demonstrations of one kind
+of problem (``slip_prone`` in the records: a carry in the ones column, a solution that
+multiplies, a list whose smallest number is below 10) and 10% of the others end in a stray
+``.``, which every task's reward rejects. The policy learns the task and the habit, so its
+held-out greedy accuracy is well below what it can do (measured: ``warmup.json`` in the model
+directory gives both, per task); RL has to find, from the reward alone, which of two behaviours
+it already has is wanted, as RL post-training of LLMs mostly does.
+
+Run it alone: ``python -m logra_lightning.reasoning_policy`` (prints the path and accuracies).
+
+**Cost and result** (measured on the 2-core machine shared with other jobs, 1 thread, batch 32, sequences
+up to ~52 tokens): about 4 s of CPU per step; the 250 steps took 2294 s wall at load 7-20 (about 17 min
+on an idle core), plus the tokenizer, data and 3 x 256 greedy evaluations. The loss on completion tokens
+went 1.67 / 1.24 / 1.19 / 0.96 / 0.98 at steps 25 / 50 / 100 / 200 / 250 (identical in a second run: the
+warm-up is deterministic). **That budget is far too small**: the policy writes every task's format (and
+the slip: a trailing ``.`` on 88% / 32% / 42% of held-out arithmetic / countdown / sorting answers) but
+gets 0.0% of the answers right on each task, even ignoring the ``.`` (e.g. ``588+466=`` ->
+``8+5=10, 5+5+1=10, 6+5+1=11; Answer: 1131.``). RL cannot select a behaviour the policy does not have, so
+the accuracy half of ``benchmarks/reasoning_tasks.py`` needs a much longer warm-up (or easier tasks)
+before it means anything; the memory half does not depend on it.
+
+Example::
+
+    >>> import tempfile
+    >>> path = build_reasoning_model(tempfile.mkdtemp(), ReasoningWarmupConfig(model=TINY_REASONING))
+    >>> from logra_lightning.models import load_policy
+    >>> _, tok = load_policy(path)
+    >>> text = "Make 46 from 7 25 3: 3*7=21, 25+21=46; Answer: 25+(3*7)"
+    >>> tok.decode(tok.encode(text)) == text, tok.tokenize(" Answer: 25")
+    (True, ['ĠAnswer', ':', 'Ġ', '2', '5'])
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from logra_lightning.data.chain_arithmetic import ChainArithmeticSource
+from logra_lightning.data.countdown import CountdownSource
+from logra_lightning.data.sorting import SortingSource
+from logra_lightning.models import EOS, PAD, TinyModelConfig, load_policy, tiny_qwen2_config
+
+# task name -> (source class, reward class path); the warm-up and the benchmark use the sources' defaults
+TASKS = {
+    "arithmetic": (ChainArithmeticSource, "logra_lightning.rewards.AnswerMatchReward"),
+    "countdown": (CountdownSource, "logra_lightning.rewards.CountdownReward"),
+    "sorting": (SortingSource, "logra_lightning.rewards.AnswerMatchReward"),
+}
+
+# Head dim 64 (vLLM rejects 16). 19.8M parameters with the 512-row embedding and head.
+REASONING_20M = TinyModelConfig(architecture="llama", hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=8,
+                                intermediate_size=1408, vocab_size=512, max_position_embeddings=128)  # fmt: skip
+TINY_REASONING = TinyModelConfig(architecture="llama", hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1,
+                                 intermediate_size=128, vocab_size=512, max_position_embeddings=128)  # fmt: skip
+
+
+@dataclass
+class ReasoningWarmupConfig:
+    """Tokenizer, model and supervised warm-up of a reasoning policy. ``steps=0`` keeps the random init."""
+
+    steps: int = 250  # sized to the 2-core machine (module doc, "Cost")
+    lr: float = 2e-3  # peak; linear warm-up over `lr_warmup` steps, then cosine decay to 0
+    lr_warmup: int = 20
+    batch_size: int = 32
+    seed: int = 0
+    tasks: tuple[str, ...] = tuple(TASKS)
+    test_size: int = 256  # held-out problems per task (the sources' default: the benchmark's held-out set)
+    bpe_vocab_size: int = 512  # BPE stops earlier when no pair is left to merge (about 280 on this text)
+    tokenizer_texts: int = 3000  # problems per task in the tokenizer's training text
+    # Sloppy demonstrations (module doc): share of completions ending in `noise_suffix`, for slip-prone problems
+    # and for the others.
+    format_noise: tuple[float, float] = (0.9, 0.1)
+    noise_suffix: str = "."
+    threads: int = 1  # torch threads of the warm-up (results differ in the last bits between thread counts)
+    eval_max_new_tokens: int = 40
+    model: TinyModelConfig = field(default_factory=lambda: REASONING_20M)
+
+    def build(self, path: str | Path) -> str:
+        """Random-init model and trained tokenizer at ``path`` (what :func:`build_reasoning_model` does)."""
+        return build_reasoning_model(path, self)
+
+    def warm_up(self, path: str | Path) -> dict:
+        """Build and warm up at ``path``; the summary (see :func:`warm_up_reasoning`)."""
+        return warm_up_reasoning(path, self)
+
+
+def task_records(cfg: ReasoningWarmupConfig, task: str, split: str, train_size: int | None = None) -> list[dict]:
+    """The records of ``task``'s ``split`` with the sources' default problem ranges."""
+    source, _ = TASKS[task]
+    kwargs = {"test_size": cfg.test_size, "seed": cfg.seed}
+    if train_size is not None:
+        kwargs["train_size"] = train_size
+    return source(split, **kwargs).load()
+
+
+def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts``, digits one per token, with ``<pad>`` and ``<eos>``.
+
+    Example::
+
+        >>> tok = train_bpe_tokenizer(["Sort 3 1 2: Answer: 1 2 3"] * 10, vocab_size=300)
+        >>> tok.decode(tok.encode("Sort 10 2:\\n Answer:")), tok.tokenize("Sort 10")
+        ('Sort 10 2:\\n Answer:', ['Sort', 'Ġ', '1', '0'])
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])  # fmt: skip
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS)
+
+
+def tokenizer_texts(cfg: ReasoningWarmupConfig) -> list[str]:
+    """Training text of the tokenizer: prompts and reference completions of every task, some with the slip."""
+    texts = []
+    for task in cfg.tasks:
+        for i, r in enumerate(task_records(cfg, task, "train", train_size=cfg.tokenizer_texts)):
+            texts.append(f"{r['prompt']} {r['solution']}{cfg.noise_suffix if i % 5 == 0 else ''}")
+    return texts
+
+
+def build_reasoning_model(path: str | Path, cfg: ReasoningWarmupConfig) -> str:
+    """Train the tokenizer and write a randomly initialised ``cfg.model`` with it at ``path``; return the path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_bpe_tokenizer(tokenizer_texts(cfg), cfg.bpe_vocab_size)
+    if len(tokenizer) > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but model.vocab_size={cfg.model.vocab_size}")
+    torch.manual_seed(cfg.model.seed)
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(cfg.model, tokenizer), dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def demonstrations(cfg: ReasoningWarmupConfig, rng: random.Random) -> list[list[dict]]:
+    """Per task, the training records as ``{"prompt", "answer": completion}``, each with or without the slip."""
+    out = []
+    for task in cfg.tasks:
+        recs = []
+        for r in task_records(cfg, task, "train"):
+            slip = rng.random() < cfg.format_noise[0 if r["slip_prone"] else 1]
+            recs.append({"prompt": r["prompt"], "answer": f" {r['solution']}{cfg.noise_suffix if slip else ''}"})
+        out.append(recs)
+    return out
+
+
+def evaluate_tasks(model, tokenizer, cfg: ReasoningWarmupConfig) -> dict[str, dict[str, float]]:
+    """Per task: held-out greedy accuracy under the task's reward, and with a trailing ``noise_suffix`` removed."""
+    from logra_lightning.warmup import greedy_completions
+
+    out = {}
+    for task in cfg.tasks:
+        _, reward_path = TASKS[task]
+        module, name = reward_path.rsplit(".", 1)
+        reward = getattr(importlib.import_module(module), name)()
+        test = task_records(cfg, task, "test")
+        texts = greedy_completions(model, tokenizer, test, max_new_tokens=cfg.eval_max_new_tokens)
+        prompts, answers = [r["prompt"] for r in test], [r["answer"] for r in test]
+        clean = [t[: -len(cfg.noise_suffix)] if t.endswith(cfg.noise_suffix) else t for t in texts]
+        out[task] = {"greedy_accuracy": sum(reward(prompts, texts, answers)) / len(test),
+                     "greedy_accuracy_ignoring_suffix": sum(reward(prompts, clean, answers)) / len(test),
+                     "suffix_share": sum(t.endswith(cfg.noise_suffix) for t in texts) / len(test)}  # fmt: skip
+    return out
+
+
+def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: int = 25) -> dict:
+    """Build the policy at ``path``, train it on the tasks' demonstrations, evaluate, save; return a summary."""
+    from logra_lightning.warmup import sft_batch, warmup_cosine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        build_reasoning_model(path, cfg)
+        model, tok = load_policy(str(path))
+        rng = random.Random(cfg.seed)
+        demos = demonstrations(cfg, rng)
+        torch.manual_seed(cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.lr_warmup, cfg.steps))
+        model.train()
+        start, loss, load_start = time.perf_counter(), float("nan"), os.getloadavg()
+        for step in range(cfg.steps):
+            records = [rng.choice(demos[rng.randrange(len(demos))]) for _ in range(cfg.batch_size)]
+            ids, mask, labels = sft_batch(tok, records)  # [B, L] each
+            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            loss = out.loss.item()
+            if log_every and (step + 1) % log_every == 0:
+                print(f"[reasoning warm-up] step {step + 1}/{cfg.steps} loss {loss:.4f} "
+                      f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
+        train_seconds = time.perf_counter() - start
+        model.eval()
+        tasks = evaluate_tasks(model, tok, cfg)
+    finally:
+        torch.set_num_threads(threads)
+    mean = lambda key: sum(t[key] for t in tasks.values()) / len(tasks)  # noqa: E731
+    summary = {"steps": cfg.steps, "final_loss": loss, "seconds": train_seconds,
+               "eval_seconds": time.perf_counter() - start - train_seconds,
+               "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
+               "load_average_start": load_start, "load_average_end": os.getloadavg(),
+               "test_accuracy": mean("greedy_accuracy"),
+               "test_accuracy_ignoring_suffix": mean("greedy_accuracy_ignoring_suffix"), "tasks": tasks}  # fmt: skip
+    model.save_pretrained(path, safe_serialization=True)
+    (Path(path) / "warmup.json").write_text(json.dumps({"config": asdict(cfg), **summary}, indent=2))
+    return summary
+
+
+def main() -> None:
+    """Build (or find in the cache) ``builtin:reasoning-20m``; print its path and per-task accuracies."""
+    from logra_lightning.warmup import resolve_model  # the built-in registry imports this module
+
+    target = resolve_model("builtin:reasoning-20m")
+    print(target)
+    print(json.dumps(json.loads((Path(target) / "warmup.json").read_text())["tasks"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
