@@ -199,7 +199,7 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     plt.close(sync_cost.plot(res, plt))
     assert plots.main(["--quick", "--results", str(tmp_path)])[0].name == "sync_cost_quick.png"
     text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
-    assert "low-rank sends" in text and "bytes ratio" in text
+    assert "a step's sync sends" in text and "coefficients fp32 (× full)" in text
 
 
 def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: Path) -> None:
