@@ -82,11 +82,13 @@ def section_optimizer_memory(res: dict) -> tuple[list[str], dict]:
                 _num(r["steady_peak_bytes"] / MB, ".0f"), _num(r["optimizer_state_bytes"] / MB, ".1f"),
                 _pct(r.get("state_ratio_vs_adamw")), _num(r["grad_bytes_after_backward"] / MB, ".1f"),
                 _num(r["step_time_s_median"], ".2f"), _num(r.get("step_time_ratio_vs_adamw"), ".2f"),
-                _num(r.get("step_cpu_ratio_vs_adamw"), ".2f"), str(r.get("threads", res["run"]["threads"]))
+                _num(r.get("step_cpu_ratio_vs_adamw"), ".2f"), _num(r.get("train_peak_vs_floor_nograd"), ".3f"),
+                str(r.get("threads", res["run"]["threads"]))
                 + (f" ×{len(r['repeats'])}" if r.get("repeats") else ""), _load(r.get("load_before")),
             ])  # fmt: skip
         out += _table(["row", "training MB", "vs AdamW", "steady MB", "state MB", "state / AdamW", "grads after bwd MB",
-                       "step s (median)", "time × AdamW", "CPU time × AdamW", "threads (× repeats)", "load at start"],
+                       "step s (median)", "time × AdamW", "CPU time × AdamW", "training × floor_nograd", "threads (× repeats)",
+                "load at start"],
                        table) + [""]  # fmt: skip
     out += ["Rows: " + "; ".join(f"`{r['name']}`: {r['description']}" for r in next(iter(res["sizes"].values()))), ""]
     acc = res.get("acceptance")
@@ -99,7 +101,52 @@ def section_optimizer_memory(res: dict) -> tuple[list[str], dict]:
                 f"{acc['step_time_ratio_vs_adamw']:.2f}× wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× CPU time "
                 f"({'met' if acc['step_time_ok'] else 'missed'} on wall time; timings on a loaded machine are noisy, "
                 f"see the load column).", ""]  # fmt: skip
+        if acc.get("train_peak_vs_floor_nograd") is not None:
+            out += [f"Issue-18 targets ({t['size']}, `{t['row']}`): training memory ≤ "
+                    f"{t.get('issue18_train_peak_vs_floor_nograd_max', 1.10)}× `floor_nograd` → "
+                    f"{acc['train_peak_vs_floor_nograd']:.3f}× ({_num(acc.get('train_peak_vs_floor_nograd_trim'), '.3f')}× "
+                    f"`floor_nograd_trim`); state ≤ {t.get('issue18_state_ratio_vs_adamw_max', 0.05)}× AdamW's → "
+                    f"{acc['state_ratio_vs_adamw']:.4f}×.", ""]  # fmt: skip
     return out, acc or {}
+
+
+def section_memory_breakdown(res: dict) -> tuple[list[str], dict]:
+    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {_load(res['load_start'])}.", ""]
+    rows = []
+    for key, s in res["summary"].items():
+        rows.append([key, _num(s.get("peak_live_bytes", 0) / MB, ".0f"), _num(s.get("rss_live_train_peak_bytes", 0) / MB, ".0f"),
+                     _num(s.get("rss_default_train_peak_bytes", 0) / MB, ".0f"), _pct(s.get("allocator_slack")),
+                     _num(s.get("optimizer_state_bytes", 0) / MB, ".1f")])  # fmt: skip
+    out += _table(["row", "live tensor peak MB", "RSS peak, mmap allocator MB", "RSS peak, default MB",
+                   "allocator slack", "state MB"], rows) + [""]  # fmt: skip
+    for r in res["rows"]:
+        if r.get("mode") != "profiled" or "live" not in r:
+            continue
+        step = max((k for k in r["live"] if k.startswith("step")), key=lambda k: r["live"][k]["peak_live_bytes"])
+        groups = r["live"][step]["groups"]["by_group_mb"]
+        top = ", ".join(f"{k} {v:.1f}" for k, v in list(groups.items())[:8])
+        out += [f"- `{r['size']}/{r['name']}` live peak at {step}: {top} (MB)."]
+    return out + [""], {}
+
+
+def section_direction_error(res: dict) -> tuple[list[str], dict]:
+    st = res["settings"]
+    out = [f"Command: `{res['command']}` — ~{st['size']}, rank {st['rank']}, {st['steps']} steps, update_proj_gap "
+           f"{st['update_proj_gap']}; relative Frobenius error of each matrix's update vs the all-fp32 full-V LoGRA "
+           "on the same gradients.", ""]  # fmt: skip
+    rows = []
+    for v, s in res["summary"].items():
+        emb = s.get("embedding_rel_err_per_step") or []
+        last = (lambda xs: xs[-1] if xs else None)
+        rows.append([v, f"`{res['variants'][v]}`", _num(res["state_bytes"][v] / MB, ".1f"),
+                     _num(s.get("rel_err_median_all_steps"), ".4f"), _num(s.get("rel_err_median_last_step"), ".4f"),
+                     _num(s.get("rel_err_max_all_steps"), ".3f"), _num(last(emb), ".3f"),
+                     _num(last(s.get("cosine_vs_adamw_median_layers_per_step")), ".3f"),
+                     _num(last(s.get("cosine_vs_adamw_embedding_per_step")), ".3f")])  # fmt: skip
+    out += _table(["variant", "options", "state MB", "rel. err median (layers)", "median, last step",
+                   "max", "embedding, last step", "cos vs AdamW, layers (median, last)", "cos vs AdamW, embedding (last)"],
+                  rows)  # fmt: skip
+    return out + [f"Reference state: {res['state_bytes']['reference'] / MB:.1f} MB.", ""], {}
 
 
 def section_quality(res: dict) -> tuple[list[str], dict]:
@@ -312,6 +359,9 @@ SECTIONS = [("optimizer_memory", "Optimizer memory and speed", section_optimizer
             ("sync_cost", "Weight sync to vLLM", section_sync),
             ("trl_grpo", "A full framework: TRL GRPOTrainer", section_trl),
             ("architectures", "Every architecture: low-rank sync into vLLM", section_architectures)]  # fmt: skip
+# Recorded by their own commands (not part of `make bench`); shown when their JSON exists.
+EXTRA_SECTIONS = [("memory_breakdown", "Where LoGRA's training memory goes (per-tensor accounting)", section_memory_breakdown),
+                  ("direction_error", "Update direction vs. state storage (issue 18)", section_direction_error)]  # fmt: skip
 
 
 def _headline(found: dict) -> list[str]:
@@ -373,6 +423,10 @@ def build(quick: bool, results: Path, readme: Path) -> str:
         machine = machine or (res["machine"] if "versions" in res.get("machine", {}) else None)
         lines, found[name] = fn(res)
         body += lines + _plot(name, quick, results, readme.parent)
+    for name, title, fn in EXTRA_SECTIONS:
+        path = results / f"{name}.json"
+        if not quick and path.is_file():
+            body += [f"## {title}", ""] + fn(json.loads(path.read_text()))[0]
     head = ["# Benchmarks", "",
             f"_Generated by `benchmarks/make_readme.py` from `{results.relative_to(ROOT) if results.is_relative_to(ROOT) else results}/"
             f"*{'_quick' if quick else ''}.json`; do not edit by hand._"

@@ -65,13 +65,15 @@ from benchmarks.common import (  # noqa: E402
 RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
        "quick": dict(seq=32, batch=2, rank=8, warmup=1, steps=3, threads=1)}  # fmt: skip
 RUN_OVERRIDES = {"400m": dict(steps=2)}
-ROWS = ["adamw", "logra", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
-        "adamw8bit_torchao", "floor_grads", "floor_nograd"]  # fmt: skip
-SIZES = {"full": {"25m": ROWS, "100m": ROWS, "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd"]},
+ROWS = ["adamw", "logra", "logra_prev", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
+        "adamw8bit_torchao", "floor_grads", "floor_nograd", "floor_nograd_trim"]  # fmt: skip
+SIZES = {"full": {"25m": ROWS, "100m": ROWS,
+                  "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim"]},
          "quick": {"quick": ROWS}}  # fmt: skip
 DESCRIPTION = {
     "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
     "logra": "LoGRA rank r, sketch in backward, embeddings low-rank (default)",
+    "logra_prev": "LoGRA as before issue 18: fp32 bases and moments, full second moment everywhere, no host trim",
     "logra_dense_embed": "LoGRA rank r, sketch in backward, embeddings/lm_head on dense AdamW",
     "logra_fullgrad": "LoGRA rank r, sketch_in_backward=False (full grads, projected in step)",
     "galore": "galore_torch.GaLoreAdamW rank r on attn/mlp, rest dense",
@@ -80,9 +82,11 @@ DESCRIPTION = {
     "adamw8bit_torchao": "torchao.optim.AdamW8bit (8-bit moments as tensor subclass, torch.compile'd step)",
     "floor_grads": "no optimizer: full grads materialized, then dropped after backward",
     "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
+    "floor_nograd_trim": "floor_nograd + glibc malloc_trim after each step (what LoGRA's step does on CPU)",
 }
 TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
-           "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15}  # fmt: skip
+           "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15,
+           "issue18_state_ratio_vs_adamw_max": 0.05, "issue18_train_peak_vs_floor_nograd_max": 1.10}  # fmt: skip
 
 
 def _build_model(cfg: dict, seq: int):
@@ -117,6 +121,9 @@ def make_optimizer(name: str, model, rank: int):
     if name == "logra_dense_embed":
         groups = logra_param_groups(model, rank=rank, update_proj_gap=200, exclude=[r"embed_tokens", r"lm_head"])
         return LoGRA(groups, **hp)
+    if name == "logra_prev":
+        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), second_moment="full",
+                     basis_dtype="float32", exp_avg_dtype="float32", release_host_memory=False, **hp)  # fmt: skip
     if name == "logra_fullgrad":
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), sketch_in_backward=False, **hp)
     if name == "galore":
@@ -141,7 +148,7 @@ def make_optimizer(name: str, model, rank: int):
         from torchao.optim import AdamW8bit
 
         return AdamW8bit(model.parameters(), **hp)
-    if name == "floor_nograd":
+    if name in ("floor_nograd", "floor_nograd_trim"):
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
         return None
@@ -206,6 +213,7 @@ def worker(name: str, size: str, run: dict) -> dict:
     import torch
 
     torch.set_num_threads(run["threads"])
+    from logra_lightning.optim import host_memory
     from logra_lightning.optim.accounting import grad_bytes, param_bytes
 
     cfg = shape_config(size)
@@ -241,6 +249,8 @@ def worker(name: str, size: str, run: dict) -> dict:
             opt.zero_grad(set_to_none=True)
         else:
             model.zero_grad(set_to_none=True)
+            if name == "floor_nograd_trim":
+                host_memory.trim()
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         opt_walls.append(time.perf_counter() - t1)
@@ -286,6 +296,11 @@ def _add_repeat(first: dict, row: dict) -> None:
 
 def _add_ratios(rows: list[dict]) -> None:
     base = next((r for r in rows if r["name"] == "adamw" and r.get("ok")), None)
+    for floor in ("floor_nograd", "floor_nograd_trim"):
+        f = next((r for r in rows if r["name"] == floor and r.get("ok")), None)
+        for r in rows:
+            if f and r.get("ok"):
+                r[f"train_peak_vs_{floor}"] = r["train_peak_bytes"] / f["train_peak_bytes"]
     for r in rows:
         if not (base and r.get("ok")):
             continue
@@ -307,6 +322,10 @@ def _acceptance(sizes: dict[str, list[dict]]) -> dict | None:
         "train_memory_reduction_vs_adamw": row["train_memory_reduction_vs_adamw"],
         "train_memory_ok": row["train_memory_reduction_vs_adamw"] >= TARGETS["train_memory_reduction_vs_adamw_min"],
         "step_time_ratio_vs_adamw": row["step_time_ratio_vs_adamw"],
+        "train_peak_vs_floor_nograd": row.get("train_peak_vs_floor_nograd"),
+        "train_peak_vs_floor_nograd_trim": row.get("train_peak_vs_floor_nograd_trim"),
+        "issue18_state_ok": row["state_ratio_vs_adamw"] <= TARGETS["issue18_state_ratio_vs_adamw_max"],
+        "issue18_peak_ok": (row.get("train_peak_vs_floor_nograd") or 9) <= TARGETS["issue18_train_peak_vs_floor_nograd_max"],
         "step_cpu_ratio_vs_adamw": row["step_cpu_ratio_vs_adamw"],
         "step_time_ok": row["step_time_ratio_vs_adamw"] <= TARGETS["step_time_ratio_vs_adamw_max"],
         "lowrank_grads_freed": row["grad_bytes_after_backward"] < row["param_bytes"] * 0.05,

@@ -21,10 +21,13 @@ element (4 for fp32, 2 for bf16):
 * gradients alive after backward: AdamW every sharded gradient; LoGRA only the dense group's
   (biases, norms): low-rank gradients are sketched and freed in their post-accumulate hook.
 * optimizer state: AdamW ``exp_avg``/``exp_avg_sq`` in the parameter dtype + an fp32 ``step``;
-  LoGRA per low-rank ``[m, n]`` matrix, all fp32, right side (``m <= n``, embeddings, and MoE
+  LoGRA per low-rank ``[m, n]`` matrix, right side (``m <= n``, embeddings, and MoE
   experts ``[E, m', n]`` as one ``[E m', n]`` matrix):
-  basis ``[n/N, r]``, ``exp_avg``/``exp_avg_sq`` ``[m/N, r]``; left side: basis
-  ``[m/N, r]``, moments ``[r, n/N]``; int64 ``step`` and ``seed``. The gradient sketch (``[m/N, r]``
+  basis ``[n/N, r]`` (bf16 by default, ``logra_basis_dtype``), ``exp_avg`` ``[m/N, r]`` (bf16 by
+  default, ``logra_exp_avg_dtype``), fp32 ``exp_avg_sq`` ``[m/N, r]``, or its factors ``[m/N]`` +
+  ``[r]`` (``logra_second_moment``: ``"auto"`` factors it for embeddings and experts with
+  ``m > n``, as ``optim/sketch.factored_second_moment_wanted``); left side: basis ``[m/N, r]``,
+  moments ``[r, n/N]`` (factored: ``[r]`` + ``[n/N]``); int64 ``step`` and ``seed``. The gradient sketch (``[m/N, r]``
   or ``[r, n]``) exists only from backward to the step and is counted with the transients. Dense
   group: fp32 AdamW moments + int64 ``step`` (what ``optim/logra.py`` allocates).
 * activations saved per token per decoder layer (counted tensor by tensor on HF Qwen2, Qwen3,
@@ -108,6 +111,8 @@ GiB = 1024**3
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
 ADAMW_IMPLS = ("foreach", "fused", "for-loop")
 ENGINE_BYTES = 2  # rollout engines serve bf16 weights and a bf16 KV cache
+STATE_BYTES = {"bfloat16": 2, "float32": 4}  # LoGRA's basis_dtype / exp_avg_dtype
+SECOND_MOMENTS = ("auto", "factored", "full")
 
 
 class PlanError(ConfigError):
@@ -137,6 +142,9 @@ class PlanSetup:
     adamw_impl: str = "foreach"
     reserve_gb: float = 2.0
     allocator_slack: float = 0.0
+    logra_second_moment: str = "auto"  # LoGRA's ``second_moment``
+    logra_basis_dtype: str = "bfloat16"  # LoGRA's ``basis_dtype``
+    logra_exp_avg_dtype: str = "bfloat16"  # LoGRA's ``exp_avg_dtype``
 
     def __post_init__(self) -> None:
         for key in ("gpus", "rank", "batch", "seq_len", "engine_tp"):
@@ -153,6 +161,12 @@ class PlanSetup:
             raise PlanError(f"allocator_slack={self.allocator_slack!r} must be a fraction in [0, 10) (0.1 = 10%)")
         if self.precision not in PRECISIONS:
             raise PlanError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.logra_second_moment not in SECOND_MOMENTS:
+            allowed = ", ".join(SECOND_MOMENTS)
+            raise PlanError(f"logra_second_moment={self.logra_second_moment!r} is not one of {allowed}")
+        for key in ("logra_basis_dtype", "logra_exp_avg_dtype"):
+            if getattr(self, key) not in STATE_BYTES:
+                raise PlanError(f"{key}={getattr(self, key)!r} is not one of {', '.join(STATE_BYTES)}")
         if self.adamw_impl not in ADAMW_IMPLS:
             raise PlanError(f"adamw_impl={self.adamw_impl!r} is not one of {', '.join(ADAMW_IMPLS)}")
         if self.colocate_engine and self.gpus % self.engine_tp:
@@ -203,22 +217,28 @@ class OptimizerTerms:
     step_temporaries: int
 
 
-def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int) -> dict[str, int]:
+def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int, second_moment: str = "auto") -> dict[str, int]:
     """Elements per rank of one LoGRA matrix, laid out as ``optim/logra.py`` and ``optim/sharding.py`` do.
 
     The side comes from the global shape (right if ``m <= n``; embeddings and experts always right). Under
     FSDP2 every state tensor is sharded: right: basis rows ``[n_j, r]`` (all-gathered to ``[n, r]``
     in the hook and from ``prepare_update`` to the update), moments ``[m_i, r]``; left: basis
     ``[m_i, r]``, moments ``[r, n_j]``. The gradient sketch (``[m_i, r]`` right, ``[r, n]`` left: the
-    partial ``P_i.T G_i``) lives only from backward to the step, like a gradient.
+    partial ``P_i.T G_i``) lives only from backward to the step, like a gradient. ``basis`` and
+    ``exp_avg`` count elements of those tensors, ``second`` the fp32 second moment's: full (the
+    shape of ``exp_avg``) or factored (``[m_i]`` + ``[r]`` right, ``[r]`` + ``[n_j]`` left; the
+    ``[r]`` factor is whole on every rank).
     """
     rows, cols, sharded = _shard(m.rows, n_gpus), _shard(m.cols, n_gpus), n_gpus > 1
-    if m.embedding or m.expert or m.rows <= m.cols:
-        return dict(state=cols * rank + 2 * rows * rank, sketch=rows * rank, moment=rows * rank, direction=rows * rank,
-                    range=m.cols * k, omega=rows * k, held_basis=m.cols * rank if sharded else 0,
-                    refresh_input=m.cols * k)  # fmt: skip
-    return dict(state=rows * rank + 2 * rank * cols, sketch=rank * m.cols, moment=rank * cols, direction=rank * m.cols,
-                range=rows * k, omega=m.cols * k, held_basis=0, refresh_input=m.rows * k)  # fmt: skip
+    right = m.embedding or m.expert or m.rows <= m.cols
+    factored = second_moment == "factored" or (second_moment == "auto" and right and m.rows > m.cols)
+    if right:
+        return dict(basis=cols * rank, exp_avg=rows * rank, second=rows + rank if factored else rows * rank,
+                    sketch=rows * rank, moment=rows * rank, direction=rows * rank, range=m.cols * k, omega=rows * k,
+                    held_basis=m.cols * rank if sharded else 0, refresh_input=m.cols * k)  # fmt: skip
+    return dict(basis=rows * rank, exp_avg=rank * cols, second=rank + cols if factored else rank * cols,
+                sketch=rank * m.cols, moment=rank * cols, direction=rank * m.cols, range=rows * k, omega=m.cols * k,
+                held_basis=0, refresh_input=m.rows * k)  # fmt: skip
 
 
 def _tied_grad_copies(arch: Architecture, setup: PlanSetup) -> int:
@@ -249,9 +269,11 @@ def logra_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:
     n, r, k, g = setup.gpus, setup.rank, setup.rank + setup.oversample, setup.param_bytes
     state = held = ranges = step_max = 0
     transient = {"root": 0, "layer": 0}
+    mode = setup.logra_second_moment
+    basis_b, avg_b = STATE_BYTES[setup.logra_basis_dtype], STATE_BYTES[setup.logra_exp_avg_dtype]
     for m in arch.matrices():
-        lay = _lowrank_layout(m, r, k, n)
-        state += m.count * (4 * lay["state"] + 16)  # fp32 tensors + int64 step and seed
+        lay = _lowrank_layout(m, r, k, n, mode)
+        state += m.count * (basis_b * lay["basis"] + avg_b * lay["exp_avg"] + 4 * lay["second"] + 16)  # + step, seed
         # gradient sketches (like gradients: alive from backward to the step, not optimizer state)
         # and, on refresh steps, range sketches
         ranges += m.count * 4 * (lay["range"] + lay["sketch"])
@@ -480,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--allocator-slack", type=float, default=0.0,
                     help="fraction the allocator holds on top of the live training tensors (cached free blocks, "
                          "fragmentation); 0 = live bytes, as max_memory_allocated")  # fmt: skip
+    ap.add_argument("--logra-second-moment", default="auto", choices=SECOND_MOMENTS,
+                    help="LoGRA's second_moment (auto: factored for embeddings and experts)")
+    ap.add_argument("--logra-basis-dtype", default="bfloat16", choices=tuple(STATE_BYTES), help="LoGRA's basis_dtype")
+    ap.add_argument("--logra-exp-avg-dtype", default="bfloat16", choices=tuple(STATE_BYTES),
+                    help="LoGRA's exp_avg_dtype")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     return ap
 
@@ -495,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision, activation_checkpointing=args.activation_checkpointing,
             colocate_engine=args.colocate_engine, engine_tp=args.engine_tp, rollout_batch=args.rollout_batch,
             adamw_impl=args.adamw_impl, reserve_gb=args.reserve_gb, allocator_slack=args.allocator_slack,
+            logra_second_moment=args.logra_second_moment, logra_basis_dtype=args.logra_basis_dtype,
+            logra_exp_avg_dtype=args.logra_exp_avg_dtype,
         )  # fmt: skip
         result = plan(arch, setup)
     except (PlanError, ShapeError) as e:

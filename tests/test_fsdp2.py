@@ -59,8 +59,12 @@ def train(model, opt, rows: slice, micro: int) -> None:
 
 def make_optimizer(model, variant: str) -> LoGRA:
     kwargs, _ = VARIANTS[variant]
+    # fp32 storage: sharded and single-process gradients differ in the last fp32 bits, which a bf16
+    # rounding of a basis or first-moment entry turns into a 2^-8 step difference; the factored
+    # second moment of the embedding (and of Qwen3-MoE's experts) is on, as by default
     return LoGRA(logra_param_groups(model, **{k: v for k, v in kwargs.items() if k != "sketch_in_backward"}),
-                 sketch_in_backward=kwargs.get("sketch_in_backward", True), **HP)  # fmt: skip
+                 sketch_in_backward=kwargs.get("sketch_in_backward", True), basis_dtype="float32",
+                 exp_avg_dtype="float32", **HP)  # fmt: skip
 
 
 def _worker(rank: int, model_dir: str, out_dir: str, variants: tuple[str, ...] = tuple(VARIANTS)) -> None:

@@ -136,5 +136,5 @@ def test_killed_run_resumed_from_last_checkpoint_equals_uninterrupted_run(tmp_pa
         assert torch.equal(p, q), name
     opt_a, opt_b = full.trainer.optimizers[0], resumed.trainer.optimizers[0]
     for p, q in zip(opt_a.param_groups[0]["params"], opt_b.param_groups[0]["params"]):
-        for key in ("basis", "exp_avg", "exp_avg_sq", "step"):
+        for key in ("basis", "exp_avg", "exp_avg_sq_row", "exp_avg_sq_col", "step"):
             assert torch.equal(opt_a.state[p][key], opt_b.state[q][key]), key

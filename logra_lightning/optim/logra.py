@@ -38,8 +38,8 @@ Choices and departures (numbered, as promised by the house style):
 6. **FSDP2 (row-sharded DTensors; layout table in :mod:`~logra_lightning.optim.sharding`).**
    Sides and random matrices come from the *global* shape, so a sharded run
    takes the same steps as one process (``tests/test_fsdp2.py``). Every state
-   tensor is sharded, none replicated, so a rank holds about ``1/world`` of the
-   single-process state: right sketch: moments/sketch ``[m_i, r]`` (W's rows
+   tensor is sharded, none replicated but a factored ``V``'s ``[r]`` factor (choice 8),
+   so a rank holds about ``1/world`` of the single-process state: right sketch: moments/sketch ``[m_i, r]`` (W's rows
    here), basis rows ``Q_j`` (a chunk of W's columns), all-gathered when used
    (in the hook, and once per step from ``prepare_update`` until the update is
    applied); the refresh sums ``G_i.T @ Omega_i`` (``Omega_i``: this rank's rows
@@ -62,6 +62,30 @@ Choices and departures (numbered, as promised by the house style):
    not pick have zero sketch rows (like Adam, they move only by momentum), as with
    embeddings. A left sketch would give all experts together one rank-r update.
    Under FSDP2 (sharded by experts) the number of experts must divide by the group size.
+8. **Factored second moment where the sketch is tall** (``second_moment="auto"``, the default).
+   A right sketch of a matrix with ``m > n`` (the input embedding, tied with ``lm_head``, and 3-D
+   experts: their side is forced, choices 7 and ``groups.py``) has ``[m, r]`` moments, larger than
+   the ``[r, n]`` of the other side: at ~100M the embedding's two ``[32000, 64]`` moments were 16.4
+   of the 71.9 MB of state. There ``V`` is kept as Adafactor's row and column means of the EMA of
+   ``S*S`` (``[m]`` + ``[r]``) and read back as their outer product over the mean of the ``[r]``
+   factor (:func:`~logra_lightning.optim.sketch.factored_direction`); a refresh turns the ``[r]``
+   factor like ``V``'s columns and rescales the other so the read-back ``V`` turns exactly
+   (:func:`~logra_lightning.optim.sketch.rotate_factored`). Under FSDP2 the ``[r]`` factor is whole
+   on every rank (one ``[r]`` sum joins the step's all-reduce). ``"full"`` keeps Adam's ``V``
+   everywhere (the behaviour before); ``"factored"`` factors every matrix. Measured in
+   ``benchmarks/direction_error.py`` (update vs. the all-fp32 full-``V`` LoGRA on the ~100M shape's
+   gradients) and ``benchmarks/quality.py``.
+9. **bf16 storage of the bases and the first moment** (``basis_dtype``, ``exp_avg_dtype``, both
+   ``"bfloat16"`` by default). Every product, EMA and rotation runs in fp32 on upcast values and is
+   rounded once when stored, so the arithmetic is the fp32 one on bf16-rounded state (the
+   reference rounds the same way). A basis off by ≤ 2^-8 (relative) per entry still spans a rank-``r``
+   subspace and sketch and update use the same rounded basis; the first moment's EMA moves it by
+   ``1 - beta1`` of the gap each step, far above bf16's resolution. The second moment stays fp32:
+   with ``beta2 = 0.999`` a bf16 EMA would stall. ``"float32"`` restores the previous storage.
+10. **Host memory back to the OS after each step** (``release_host_memory=True``). On CPU,
+    glibc kept the freed sketches, candidates and temporaries of a step resident (28% of the
+    ~100M peak RSS in ``benchmarks/memory_breakdown.py``); ``step()`` ends with ``malloc_trim(0)``
+    (:mod:`~logra_lightning.optim.host_memory`) when the params live on the CPU.
 
 Example::
 
@@ -84,6 +108,7 @@ from typing import Any, Callable
 
 import torch
 
+from logra_lightning.optim import host_memory
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.groups import normalize_params, split_named_params
@@ -91,6 +116,17 @@ from logra_lightning.sync_wire import LowRankUpdate
 
 _SIDES = ("auto", "left", "right")
 _REFRESH = ("randomized", "svd")
+_SECOND_MOMENTS = ("auto", "factored", "full")
+_MOMENT_KEYS = frozenset({"exp_avg", "exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"})
+_BASIS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _basis_dtype(value, key: str = "basis_dtype") -> torch.dtype:
+    """A storage dtype option (``basis_dtype``, ``exp_avg_dtype``) as a torch dtype: a name or the dtype."""
+    dtype = _BASIS_DTYPES.get(value, value) if isinstance(value, str) else value
+    if dtype not in _BASIS_DTYPES.values():
+        raise ValueError(f"Invalid {key}: {value!r} (allowed: {', '.join(map(repr, _BASIS_DTYPES))})")
+    return dtype
 
 
 def resolve_side(side: str, shape: torch.Size) -> str:
@@ -162,8 +198,17 @@ class LoGRA(torch.optim.Optimizer):
         oversample: extra range-sketch columns ``p``.
         sketch_in_backward: sketch and free each gradient in a post-accumulate-grad
             hook (default). ``False``: keep full grads and project in ``step`` (GaLore-style).
+        second_moment: ``"auto"`` (default: Adafactor-style row and column means of the second
+            moment for right sketches of matrices with ``m > n``, i.e. embeddings and experts;
+            Adam's elsewhere; choice 8), ``"factored"`` (everywhere) or ``"full"`` (nowhere).
+        basis_dtype: storage dtype of the bases, ``"bfloat16"`` (default, choice 9) or
+            ``"float32"``; the arithmetic is fp32 either way.
+        exp_avg_dtype: storage dtype of the low-rank first moments, ``"bfloat16"`` (default,
+            choice 9) or ``"float32"``. Second moments and dense AdamW state are always fp32.
         include, exclude: regexes for the automatic split (only with ``rank``).
         seed: base seed of the initial bases and range-sketch test matrices.
+        release_host_memory: at the end of ``step()``, when params live on the CPU, return
+            freed heap pages to the OS (glibc ``malloc_trim``, choice 10).
 
     Raises:
         ValueError: a hyperparameter out of range, ``rank`` larger than a matrix's
@@ -194,10 +239,14 @@ class LoGRA(torch.optim.Optimizer):
         side: str = "auto",
         refresh: str = "randomized",
         oversample: int = 8,
+        second_moment: str = "auto",
+        basis_dtype: str | torch.dtype = "bfloat16",
+        exp_avg_dtype: str | torch.dtype = "bfloat16",
         sketch_in_backward: bool = True,
         include=None,
         exclude=None,
         seed: int = 0,
+        release_host_memory: bool = True,
     ) -> None:
         _validate_hparams(lr, betas, eps, weight_decay, update_proj_gap, scale, side, refresh, oversample, rank)
         groups = normalize_params(params)
@@ -213,8 +262,10 @@ class LoGRA(torch.optim.Optimizer):
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             update_proj_gap=update_proj_gap, scale=scale, side=side, refresh=refresh, oversample=oversample,
+            second_moment=second_moment, basis_dtype=basis_dtype, exp_avg_dtype=exp_avg_dtype,
         )  # fmt: skip
         self.sketch_in_backward = bool(sketch_in_backward)
+        self.release_host_memory = bool(release_host_memory)
         self.seed = int(seed)
         self.skipped_refreshes = 0
         self.skipped_updates = 0
@@ -233,6 +284,7 @@ class LoGRA(torch.optim.Optimizer):
         # backward hook of a step, consumed by prepare_update(), dropped by zero_grad().
         self._sketches: dict[int, torch.Tensor] = {}
         self._shards: dict[int, sh.RowShard] = {}  # id(p) -> this rank's rows of a row-sharded low-rank matrix
+        self._col_sq: dict[int, torch.Tensor] = {}  # id(p) -> global column mean of S*S (sharded, right, factored)
         super().__init__(groups, defaults)
         for group in self.param_groups:
             self._init_group(group)
@@ -263,6 +315,11 @@ class LoGRA(torch.optim.Optimizer):
             group["scale"], group["side"], group["refresh"], group["oversample"], group.get("rank"),
         )  # fmt: skip
         lowrank = self._is_lowrank(group)
+        if group["second_moment"] not in _SECOND_MOMENTS:
+            allowed = ", ".join(map(repr, _SECOND_MOMENTS))
+            raise ValueError(f"Invalid second_moment: {group['second_moment']!r} (allowed: {allowed})")
+        _basis_dtype(group["basis_dtype"], "basis_dtype")
+        _basis_dtype(group["exp_avg_dtype"], "exp_avg_dtype")
         if lowrank and group["refresh"] == "svd" and self.sketch_in_backward:
             raise ValueError(
                 "refresh='svd' needs the full gradient: set sketch_in_backward=False, or use refresh='randomized'"
@@ -289,11 +346,11 @@ class LoGRA(torch.optim.Optimizer):
                 shard = sh.flatten_rows(shard, tuple(p.shape), name)  # experts' rows of the [E*m, n] matrix
             if shard is not None:
                 self._shards[id(p)] = shard
-            self._init_lowrank_state(p, rank, side)
+            self._init_lowrank_state(p, rank, side, group)
             if self.sketch_in_backward:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._sketch_hook))
 
-    def _init_lowrank_state(self, p: torch.Tensor, rank: int, side: str) -> None:
+    def _init_lowrank_state(self, p: torch.Tensor, rank: int, side: str, group: dict) -> None:
         m, n = _mshape(p)  # global shape, also for a row-sharded DTensor
         shard = self._shards.get(id(p))
         seed = sk.mix_seed(self.seed, self._param_index[id(p)])
@@ -311,10 +368,14 @@ class LoGRA(torch.optim.Optimizer):
         self.state[p] = {
             "step": torch.zeros((), dtype=torch.int64),
             "seed": torch.tensor(seed, dtype=torch.int64),
-            "basis": basis,  # [n, r] | [m, r]
-            "exp_avg": torch.zeros(moment_shape, dtype=torch.float32, device=dev),  # [m, r] | [r, n]
-            "exp_avg_sq": torch.zeros(moment_shape, dtype=torch.float32, device=dev),
+            "basis": basis.to(_basis_dtype(group["basis_dtype"])),  # [n, r] | [m, r]
+            "exp_avg": torch.zeros(moment_shape, dtype=_basis_dtype(group["exp_avg_dtype"]), device=dev),  # [m, r]|[r, n]
         }
+        if not sk.factored_second_moment_wanted(group["second_moment"], side, m, n):
+            self.state[p]["exp_avg_sq"] = torch.zeros(moment_shape, dtype=torch.float32, device=dev)
+        else:  # choice 8: row and column means of the second moment
+            self.state[p]["exp_avg_sq_row"] = torch.zeros(moment_shape[0], dtype=torch.float32, device=dev)
+            self.state[p]["exp_avg_sq_col"] = torch.zeros(moment_shape[1], dtype=torch.float32, device=dev)
 
     def _basis_rows(self, p: torch.Tensor, side: str) -> slice:
         """Rows of the basis a sharded matrix keeps here: W's rows (``P``, left) or a chunk of W's columns (``Q``)."""
@@ -441,12 +502,18 @@ class LoGRA(torch.optim.Optimizer):
                     nonfinite.add(id(p))
         for pg, members in by_group.items():
             sketches = [self._sketches[id(p)] for p, side in members if side == "left"]
+            factored = [p for p, side in members if side == "right" and "exp_avg_sq" not in self.state[p]]
+            col_sums = [self._sketches[id(p)].square().sum(dim=0) for p in factored]  # [r] over this rank's rows
             flags = [(~torch.isfinite(self._sketches[id(p)])).any().float().reshape(1) for p, _ in members]
-            flat = sh.all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in sketches]), pg)
+            flat = sh.all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in sketches] + col_sums), pg)
             offset = len(members)
             for s in sketches:
                 s.copy_(flat[offset : offset + s.numel()].view_as(s))  # [r, n]: P.T @ G
                 offset += s.numel()
+            for p in factored:  # [r]: column mean of S*S over all m rows
+                r = self.state[p]["exp_avg"].shape[1]
+                self._col_sq[id(p)] = flat[offset : offset + r] / _mshape(p)[0]
+                offset += r
             nonfinite.update(id(p) for (p, _), bad in zip(members, flat[: len(members)].tolist()) if bad > 0)
         return nonfinite
 
@@ -471,7 +538,7 @@ class LoGRA(torch.optim.Optimizer):
         basis = y if group["refresh"] == "svd" else sk.basis_from_range(y, group["rank"])
         if shard is not None:
             basis = basis[self._basis_rows(p, side)].clone()  # own storage: a row slice would pin all rows
-        return basis
+        return basis.to(st["basis"].dtype)  # stored dtype (choice 9), rounded before the moments turn into it
 
     def _prepare_lowrank(self, p, group, beta1, beta2, nonfinite: set[int]) -> dict | None:
         st = self.state[p]
@@ -488,9 +555,20 @@ class LoGRA(torch.optim.Optimizer):
         st["step"] += 1
         shard = self._shards.get(id(p))
         s = sketch[:, shard.chunk(_mshape(p)[1])] if shard is not None and side == "left" else sketch  # [r, n_j]
-        sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], s, beta1, beta2)
+        if "exp_avg_sq" in st:
+            sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], s, beta1, beta2)
+            u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
+        else:
+            row_sq, col_sq = sk.sq_means(s)  # [a], [b]
+            if shard is not None and side == "left":
+                row_sq = sk.sq_means(sketch)[0]  # [r]: over all n columns (every rank holds the whole sketch)
+            elif shard is not None:
+                col_sq = self._col_sq.pop(id(p))  # [r]: over all m rows (all-reduced in _sync_sketches)
+            sk.factored_moments_(st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], s, row_sq, col_sq,
+                                 beta1, beta2)  # fmt: skip
+            u = sk.factored_direction(st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], side,
+                                      int(st["step"]), beta1, beta2, group["eps"])  # fmt: skip
         del sketch, s
-        u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
         pend = {"u": u, "side": side, "scale": group["scale"], "next_basis": next_basis}
         if shard is not None and side == "left":
             pend["u"] = sh.gather_chunks(u.T, shard, _mshape(p)[1]).T  # [r, n] from every rank's [r, n_j]
@@ -559,8 +637,9 @@ class LoGRA(torch.optim.Optimizer):
         u, basis, side = pend["u"], pend.get("basis", self.state[p]["basis"]), pend["side"]
         alpha = -lr * pend["scale"] * coef
         if w.dtype == u.dtype:
+            basis = basis.to(u.dtype)  # a bf16-stored basis: an fp32 copy of [n, r] | [m, r]
             if side == "right":
-                w.addmm_(u, basis.T, alpha=alpha)  # [m, r] @ [r, n]
+                w.addmm_(u, basis.T, alpha=alpha)  # [m, r] @ [r, n], in place: no [m, n] temporary
             else:
                 w.addmm_(basis, u, alpha=alpha)  # [m, r] @ [r, n]
         else:
@@ -594,7 +673,12 @@ class LoGRA(torch.optim.Optimizer):
         self.prepare_update()
         self._apply(self._step_scale)
         self._step_scale = 1.0
+        if self.release_host_memory and self._on_cpu():
+            host_memory.trim()  # choice 10: this step's sketches and candidates are freed now
         return loss
+
+    def _on_cpu(self) -> bool:
+        return any(_local(p).device.type == "cpu" for g in self.param_groups for p in g["params"][:1])
 
     def _apply(self, eta: float) -> None:
         records: list[LowRankUpdate] = []
@@ -619,9 +703,14 @@ class LoGRA(torch.optim.Optimizer):
                     shard = self._shards.get(id(p))
                     if shard is not None:
                         sh.all_reduce_sum_(rot, shard.group)  # both bases are row chunks: sum the partial products
-                    st["exp_avg"], st["exp_avg_sq"] = sk.rotate_moments(
-                        st["exp_avg"], st["exp_avg_sq"], rot, pend["side"]
-                    )
+                    if "exp_avg_sq" in st:
+                        st["exp_avg"], st["exp_avg_sq"] = sk.rotate_moments(
+                            st["exp_avg"], st["exp_avg_sq"], rot, pend["side"]
+                        )
+                    else:
+                        st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"] = sk.rotate_factored(
+                            st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], rot, pend["side"]
+                        )
                     st["basis"] = pend["next_basis"]
         if self.record_updates:
             self._applied.append(records)
@@ -688,7 +777,9 @@ class LoGRA(torch.optim.Optimizer):
         A row-sharded matrix (see the table in :mod:`~logra_lightning.optim.sharding`): right
         sketch, ``Q`` rows ``Shard(0)`` of ``[n, r]`` and moments and sketch ``Shard(0)`` of
         ``[m, r]``; left sketch, ``P`` rows ``Shard(0)`` of ``[m, r]`` and moments ``Shard(1)``
-        of ``[r, n]``; its sketch is a partial sum over ranks, zero after ``step()``, left plain.
+        of ``[r, n]``; its sketch is a partial sum over ranks, zero after ``step()``, left plain. A
+        factored second moment (choice 8): the ``[m]`` (right) or ``[n]`` (left) factor is sharded
+        like the moments' rows or columns, the ``[r]`` factor is replicated.
         """
         placements = getattr(p, "placements", None)
         if placements is None or all(pl.is_replicate() for pl in placements):
@@ -710,9 +801,14 @@ class LoGRA(torch.optim.Optimizer):
                 "accumulated sketches of sharded matrices are partial sums over ranks and cannot be saved as "
                 "shards. Save after optimizer.step() (Lightning's checkpoints are taken there)."
             )
+        replicate = tuple(Replicate() for _ in placements)
         if side == "right":
-            return {"basis": (shard(0), (n, r)), **{k: (shard(0), (m, r)) for k in ("exp_avg", "exp_avg_sq")}}
-        return {"basis": (shard(0), (m, r)), **{k: (shard(1), (r, n)) for k in ("exp_avg", "exp_avg_sq")}}
+            layout = {"basis": (shard(0), (n, r)), "exp_avg": (shard(0), (m, r)), "exp_avg_sq": (shard(0), (m, r)),
+                      "exp_avg_sq_row": (shard(0), (m,)), "exp_avg_sq_col": (replicate, (r,))}  # fmt: skip
+        else:
+            layout = {"basis": (shard(0), (m, r)), "exp_avg": (shard(1), (r, n)), "exp_avg_sq": (shard(1), (r, n)),
+                      "exp_avg_sq_row": (replicate, (r,)), "exp_avg_sq_col": (shard(0), (n,))}  # fmt: skip
+        return {k: v for k, v in layout.items() if k in st}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``Optimizer.load_state_dict`` for what :meth:`state_dict` wrote, saved whole or through DCP.
@@ -739,8 +835,14 @@ class LoGRA(torch.optim.Optimizer):
                 if int(st.get("step", 1)) == 0:
                     continue  # the placeholder of a dense param that had not stepped: it still has no state
             else:
+                ours_keys = set(previous.get(p, {})) & _MOMENT_KEYS
+                if ours_keys and ours_keys != set(st) & _MOMENT_KEYS:
+                    raise ValueError(
+                        f"LoGRA.load_state_dict: {names[id(p)]!r} has moment state {sorted(set(st) & _MOMENT_KEYS)} in "
+                        f"the checkpoint but {sorted(ours_keys)} here (same second_moment needed)"
+                    )
                 for k, ours in previous.get(p, {}).items():
-                    if k in ("basis", "exp_avg", "exp_avg_sq") and st[k].shape != ours.shape:
+                    if k in ("basis", *_MOMENT_KEYS) and st[k].shape != ours.shape:
                         raise ValueError(
                             f"LoGRA.load_state_dict: {names[id(p)]!r} has {k} of shape {tuple(st[k].shape)} in the "
                             f"checkpoint but {tuple(ours.shape)} here (same rank, side and sharding needed)"

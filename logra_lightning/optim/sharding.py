@@ -22,11 +22,12 @@ Example::
     (4, 7)
 
 The state LoGRA keeps for a sharded matrix (``m_i``: W's rows on this rank,
-``n_j``: this rank's ``torch.chunk`` of W's ``n`` columns); nothing is replicated::
+``n_j``: this rank's ``torch.chunk`` of W's ``n`` columns); only the ``[r]`` factor of a
+factored second moment (docs/design.md §2) is replicated::
 
-    side      basis              moments      sketch
-    right     Q rows [n_j, r]    [m_i, r]     [m_i, r]
-    left      P rows [m_i, r]    [r, n_j]     [r, n]  (partial sum P_i.T @ G_i until the step)
+    side      basis              moments      sketch                                       factored V
+    right     Q rows [n_j, r]    [m_i, r]     [m_i, r]                                     [m_i] + [r]
+    left      P rows [m_i, r]    [r, n_j]     [r, n]  (partial sum P_i.T @ G_i until the step)  [r] + [n_j]
 """
 
 from __future__ import annotations
