@@ -1,7 +1,7 @@
 """Where LoGRA's training memory goes: per-tensor accounting at the peak, against the no-optimizer floor.
 
-Run (~100M shape, ~4 min; rows ``logra`` and ``floor_nograd`` of ``benchmarks/optimizer_memory.py``,
-same model, data and step):
+Run (~100M shape, ~10 min on a quiet machine; rows ``logra``, ``logra_prev`` (before issue 18)
+and ``floor_nograd`` of ``benchmarks/optimizer_memory.py``, same model, data and step):
 
     .venv/bin/python benchmarks/memory_breakdown.py
     .venv/bin/python benchmarks/memory_breakdown.py --sizes 25m --rows logra floor_nograd --out /tmp/b.json
@@ -41,7 +41,7 @@ from benchmarks.common import (  # noqa: E402
 )  # fmt: skip
 from benchmarks.optimizer_memory import RUN, _build_model, make_optimizer  # noqa: E402
 
-ROWS = ["logra", "floor_nograd"]
+ROWS = ["logra", "logra_prev", "floor_nograd"]
 MODES = {"profiled": {}, "rss_default": {}, "rss_live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}}
 MB = 1e6
 _LOGRA_SCOPES = {  # LoGRA method -> record_function name (wrapped in the worker only)

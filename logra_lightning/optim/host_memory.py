@@ -1,14 +1,15 @@
-"""Give freed host (CPU) memory back to the OS after an optimizer step (docs/design.md §2).
+"""Give freed host (CPU) memory back to the OS during backward and after a step (docs/design.md §2).
 
 glibc's malloc keeps freed heap chunks resident: once an mmapped chunk of up to 32 MiB has
 been freed, its dynamic mmap threshold rises to that size, and from then on every tensor
-smaller than it (activations, sketches, Adam temporaries) comes from the heap, whose freed
-pages stay in the process's RSS until the top of the heap is free. On the ~100M benchmark
-(``benchmarks/memory_breakdown.py``) that slack was 28% of LoGRA's peak RSS: the live tensor
-peak equalled the no-optimizer floor's RSS, the RSS did not. ``malloc_trim(0)`` returns the
-free pages of every arena to the OS; :class:`~logra_lightning.optim.LoGRA` calls it at the end of
-``step()`` (``release_host_memory=True``, the default), when the sketches, candidate updates and
-refresh buffers of the step are gone, so the next forward starts from the live bytes.
+smaller than it (activations, gradients, sketches, Adam temporaries) comes from the heap,
+whose freed pages stay in the process's RSS. On the ~100M benchmark
+(``benchmarks/memory_breakdown.py``) the peak RSS was 28% above the live tensor bytes.
+``malloc_trim(0)`` returns the free pages of every arena to the OS;
+:class:`~logra_lightning.optim.LoGRA` (``release_host_memory=True``, the default) calls it in
+each sketch hook, right after it freed a gradient, so what backward freed so far is gone before
+the tied embedding's gradients peak, and at the end of ``step()``, when the step's sketches,
+candidate updates and refresh buffers are gone.
 
 Elsewhere (musl, macOS, Windows) :func:`trim` does nothing and returns ``False``. Tensors on a
 GPU are untouched (the CUDA caching allocator keeps its own pool; this only trims host memory).
