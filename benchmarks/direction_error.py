@@ -66,36 +66,35 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
     def cosine(a, b) -> float:
         a, b = a.double(), b.double()
         return float((a * b).sum() / (a.norm() * b.norm()).clamp_min(1e-300))
+
     for step in range(steps):
         ids = torch.randint(0, cfg["vocab_size"], (RUN["full"]["batch"], RUN["full"]["seq"]), generator=gen)
         model(input_ids=ids, labels=ids).loss.backward()
-        adamw_dir = {}
+        for opt in opts.values():
+            opt.prepare_update()  # candidates held (thin U), compared matrix by matrix below
         for p in model.parameters():
-            if id(p) in adam:  # torch.optim.AdamW's moments and direction (betas 0.9 / 0.999, eps 1e-8)
-                m, v = adam[id(p)]
-                m.lerp_(p.grad, 0.1)
-                v.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
-                adamw_dir[id(p)] = (m / (1 - 0.9 ** (step + 1))) / ((v / (1 - 0.999 ** (step + 1))).sqrt() + 1e-8)
-        deltas = {}
-        for v, opt in opts.items():
-            opt.prepare_update()
-            for p, pend in opt._pending.items():
-                if pend["u"] is not None:
-                    basis = pend.get("basis", opt.state[p]["basis"])
-                    deltas[(v, id(p))] = sk.lowrank_delta(pend["u"], basis, pend["side"])  # [m, n]
-                    vs_adamw[v].setdefault(names[id(p)], []).append(cosine(deltas[(v, id(p))], adamw_dir[id(p)]))
-            if v != "reference":
-                for (vv, pid), d in list(deltas.items()):
-                    if vv != v:
-                        continue
-                    ref = deltas[("reference", pid)]
-                    name = names[pid]
-                    errs[v].setdefault(name, []).append(float((d - ref).norm() / ref.norm().clamp_min(1e-30)))
-                    coss[v].setdefault(name, []).append(cosine(d, ref))
-                    del deltas[(v, pid)]
+            if p.ndim != 2:
+                continue
+            m, v2 = adam[id(p)]  # torch.optim.AdamW's moments and direction (betas 0.9 / 0.999, eps 1e-8)
+            m.lerp_(p.grad, 0.1)
+            v2.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+            adamw_dir = (m / (1 - 0.9 ** (step + 1))) / ((v2 / (1 - 0.999 ** (step + 1))).sqrt() + 1e-8)  # [m, n]
+            ref = None
+            for v, opt in opts.items():  # "reference" first
+                pend = opt._pending.get(p)
+                if pend is None or pend["u"] is None:
+                    continue
+                d = sk.lowrank_delta(pend["u"], pend.get("basis", opt.state[p]["basis"]), pend["side"])  # [m, n]
+                vs_adamw[v].setdefault(names[id(p)], []).append(cosine(d, adamw_dir))
+                if v == "reference":
+                    ref = d
+                    continue
+                errs[v].setdefault(names[id(p)], []).append(float((d - ref).norm() / ref.norm().clamp_min(1e-30)))
+                coss[v].setdefault(names[id(p)], []).append(cosine(d, ref))
+                del d
+            del ref, adamw_dir
+        for opt in opts.values():
             opt.step()  # lr = 0: the weights stay; moments, step counts and bases advance
-        deltas.clear()
-        adamw_dir.clear()
         model.zero_grad(set_to_none=True)
         print(f"step {step}: " + ", ".join(
             f"{v} rel_err median {statistics.median(x[-1] for x in e.values()):.4f}" for v, e in errs.items()), flush=True)
