@@ -39,6 +39,8 @@ HP = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01)
 VARIANTS = {
     "randomized": (dict(rank=8, update_proj_gap=2), 1),
     "svd_microbatches": (dict(rank=8, update_proj_gap=2, refresh="svd", sketch_in_backward=False), 2),
+    # every matrix's V factored: a left sketch's [r] factor from the all-reduced sketch, a right one's summed
+    "factored": (dict(rank=8, update_proj_gap=2, second_moment="factored"), 1),
 }
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
