@@ -1,9 +1,11 @@
 """The rows of ``optimizer_memory.py``: how each optimizer under test is built, and how its state is weighed.
 
-One row per optimizer: ours (``logra*``), the peers (GaLore, APOLLO, two 8-bit AdamWs; each
-needs its package from the ``bench`` extra) and two no-optimizer floors. The peers' state is
-not tensors only (projector objects, tensor subclasses), so :func:`deep_state_bytes` walks
-everything reachable from ``optimizer.state``.
+One row per optimizer: ours (``logra*``; ``logra_prev`` is LoGRA's storage before issue 18),
+the peers (GaLore, APOLLO, two 8-bit AdamWs; each needs its package from the ``bench`` extra)
+and the no-optimizer floors (``floor_nograd_trim``: the floor with LoGRA's host-memory trims on
+CPU, ``optimizer_memory.py`` departure 3). The peers' state is not tensors only (projector
+objects, tensor subclasses), so :func:`deep_state_bytes` walks everything reachable from
+``optimizer.state``.
 
 Example::
 
@@ -17,12 +19,13 @@ Example::
 
 from __future__ import annotations
 
-ROWS = ["adamw", "logra", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
-        "adamw8bit_torchao", "floor_grads", "floor_nograd"]  # fmt: skip
+ROWS = ["adamw", "logra", "logra_prev", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
+        "adamw8bit_torchao", "floor_grads", "floor_nograd", "floor_nograd_trim"]  # fmt: skip
 
 DESCRIPTION = {
     "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
     "logra": "LoGRA rank r, sketch in backward, embeddings low-rank (default)",
+    "logra_prev": "LoGRA as before issue 18: fp32 bases and moments, full second moment everywhere, no host trim",
     "logra_dense_embed": "LoGRA rank r, sketch in backward, embeddings/lm_head on dense AdamW",
     "logra_fullgrad": "LoGRA rank r, sketch_in_backward=False (full grads, projected in step)",
     "galore": "galore_torch.GaLoreAdamW rank r on attn/mlp, rest dense",
@@ -31,6 +34,7 @@ DESCRIPTION = {
     "adamw8bit_torchao": "torchao.optim.AdamW8bit (8-bit moments as tensor subclass, torch.compile'd step)",
     "floor_grads": "no optimizer: full grads materialized, then dropped after backward",
     "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
+    "floor_nograd_trim": "floor_nograd + glibc malloc_trim in each grad hook and after each step (as LoGRA on CPU)",
 }
 
 
@@ -55,6 +59,9 @@ def make_optimizer(name: str, model, rank: int):
     if name == "logra_dense_embed":
         groups = logra_param_groups(model, rank=rank, update_proj_gap=200, exclude=[r"embed_tokens", r"lm_head"])
         return LoGRA(groups, **hp)
+    if name == "logra_prev":
+        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), second_moment="full",
+                     basis_dtype="float32", exp_avg_dtype="float32", release_host_memory=False, **hp)  # fmt: skip
     if name == "logra_fullgrad":
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), sketch_in_backward=False, **hp)
     if name == "galore":
@@ -79,9 +86,16 @@ def make_optimizer(name: str, model, rank: int):
         from torchao.optim import AdamW8bit
 
         return AdamW8bit(model.parameters(), **hp)
-    if name == "floor_nograd":
+    if name in ("floor_nograd", "floor_nograd_trim"):
+        from logra_lightning.optim import host_memory
+
+        def drop(q, trim=name == "floor_nograd_trim") -> None:  # drop the grad (and trim, as LoGRA's hooks do)
+            q.grad = None
+            if trim:
+                host_memory.trim()
+
         for p in model.parameters():
-            p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+            p.register_post_accumulate_grad_hook(drop)
         return None
     if name == "floor_grads":
         return None

@@ -37,6 +37,7 @@ machine; the recorded ``step_seconds_median`` does, so it is only a rough cost f
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -78,9 +79,10 @@ def _gap(path: str | None) -> int:
 def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int) -> dict[str, dict]:
     """Row name -> the ``--model.optimizer`` value of that row."""
     rows = {"adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": adamw_lr, "weight_decay": 0.0}}}
+    extra = json.loads(args.logra_args) if args.logra_args else {}
     for r in args.ranks:
-        rows[f"logra_r{r}"] = {"class_path": "logra_lightning.optim.LoGRA",
-                               "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap}}  # fmt: skip
+        rows[f"logra_r{r}{args.row_suffix}"] = {"class_path": "logra_lightning.optim.LoGRA",
+                                                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap, **extra}}
     rows[f"galore_r{args.galore_rank}"] = {
         "class_path": "benchmarks.galore_named.GaLoreAdamWNamed",
         "init_args": {"lr": logra_lr, "rank": args.galore_rank, "update_proj_gap": gap, "scale": 1.0},
@@ -211,6 +213,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
     ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
     ap.add_argument("--galore-rank", type=int, default=16)
+    ap.add_argument("--logra-args", default=None,
+                    help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full", "basis_dtype": "float32"}\'')
+    ap.add_argument("--row-suffix", default="", help="appended to the LoGRA row names (e.g. _fullv)")
     ap.add_argument("--jobs", type=int, default=None,
                     help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})")
     ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")

@@ -37,16 +37,21 @@ def test_tied_params_and_mixed_dtypes_counted_once():
 def test_logra_state_is_thin():
     model = nn.Linear(8, 6)  # [6, 8]: right sketch, moments [6, 2], basis [8, 2]
     opt = LoGRA(logra_param_groups(model, rank=2, update_proj_gap=10), lr=1e-3)
-    # low-rank weight: step + seed (int64, 8 B each) + basis 64 + exp_avg, exp_avg_sq 48 each (the sketch, like a grad, is gone after step)
-    assert optimizer_state_bytes(opt) == 8 + 8 + 64 + 2 * 48
+    # low-rank weight: step + seed (int64, 8 B each) + bf16 basis 32 + bf16 exp_avg 24 + fp32 exp_avg_sq 48
+    # (the sketch, like a grad, is gone after step)
+    assert optimizer_state_bytes(opt) == 8 + 8 + 32 + 24 + 48
     model(torch.randn(2, 8)).sum().backward()
     assert grad_bytes(model) == 6 * 4  # the weight's gradient was sketched and freed; the bias's is live
     # step 0 also holds the range sketch Y = G.T @ Omega: [8, rank + oversample] = [8, 10]
-    assert optimizer_state_bytes(opt) == 176 + 8 * 10 * 4
+    assert optimizer_state_bytes(opt) == 120 + 8 * 10 * 4
     opt.step()
     opt.zero_grad()
     # range sketch consumed; dense bias: int64 step + two [6] fp32 moments
-    assert optimizer_state_bytes(opt) == 176 + 8 + 24 + 24
+    assert optimizer_state_bytes(opt) == 120 + 8 + 24 + 24
+    fp32 = LoGRA(logra_param_groups(model, rank=2), lr=1e-3, basis_dtype="float32", exp_avg_dtype="float32")
+    assert optimizer_state_bytes(fp32) == 8 + 8 + 64 + 2 * 48  # the previous default: all fp32
+    factored = LoGRA(logra_param_groups(model, rank=2), lr=1e-3, second_moment="factored")
+    assert optimizer_state_bytes(factored) == 8 + 8 + 32 + 24 + 4 * (6 + 2)  # V as row [6] and column [2] means
 
 
 def test_views_of_one_storage_counted_once():

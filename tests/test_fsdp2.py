@@ -39,6 +39,8 @@ HP = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01)
 VARIANTS = {
     "randomized": (dict(rank=8, update_proj_gap=2), 1),
     "svd_microbatches": (dict(rank=8, update_proj_gap=2, refresh="svd", sketch_in_backward=False), 2),
+    # every matrix's V factored: a left sketch's [r] factor from the all-reduced sketch, a right one's summed
+    "factored": (dict(rank=8, update_proj_gap=2, second_moment="factored"), 1),
 }
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
@@ -59,8 +61,12 @@ def train(model, opt, rows: slice, micro: int) -> None:
 
 def make_optimizer(model, variant: str) -> LoGRA:
     kwargs, _ = VARIANTS[variant]
+    # fp32 storage: sharded and single-process gradients differ in the last fp32 bits, which a bf16
+    # rounding of a basis or first-moment entry turns into a 2^-8 step difference; the factored
+    # second moment of the embedding (and of Qwen3-MoE's experts) is on, as by default
     return LoGRA(logra_param_groups(model, **{k: v for k, v in kwargs.items() if k != "sketch_in_backward"}),
-                 sketch_in_backward=kwargs.get("sketch_in_backward", True), **HP)  # fmt: skip
+                 sketch_in_backward=kwargs.get("sketch_in_backward", True), basis_dtype="float32",
+                 exp_avg_dtype="float32", **HP)  # fmt: skip
 
 
 def _worker(rank: int, model_dir: str, out_dir: str, variants: tuple[str, ...] = tuple(VARIANTS)) -> None:

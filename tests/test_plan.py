@@ -169,8 +169,10 @@ def test_moe_plan_counts_every_expert_and_sketches_experts_on_the_right():
     active = arch.num_params() - sum(m.rows * m.cols * m.count for m in experts) * (1 - 8 / 128)
     assert active / 1e9 == pytest.approx(3.3, rel=0.02)  # "A3B": ~3.3B active per token
     r = 256
-    for m in experts:  # rows > cols, yet right: basis [n, r], moments 2 x [E m, r]
-        assert _lowrank_layout(m, r, r + 8, 1)["state"] == m.cols * r + 2 * m.rows * r
+    for m in experts:  # rows > cols, yet right: basis [n, r], exp_avg [E m, r], second moment [E m] + [r]
+        lay = _lowrank_layout(m, r, r + 8, 1)
+        assert (lay["basis"], lay["exp_avg"], lay["second"]) == (m.cols * r, m.rows * r, m.rows + r)
+        assert _lowrank_layout(m, r, r + 8, 1, "full")["second"] == m.rows * r
     weights, _ = engine_bytes(arch, PlanSetup(colocate_engine=True, rank=r))
     assert weights == 2 * arch.num_params()  # the engine holds all 128 experts in bf16
     # activations follow k * moe_intermediate_size, not the (unused) dense intermediate_size
@@ -219,7 +221,7 @@ def test_gemma_27b_on_8x80gb_headline():
     alone = plan(arch, PlanSetup(**base))["optimizers"]
     assert alone["adamw"]["fits"] and alone["logra"]["fits"]
     assert alone["adamw"]["peak_bytes"] / 2**30 == pytest.approx(66.9, abs=0.5)
-    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(36.6, abs=0.5)
+    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(36.1, abs=0.5)
     colocated = plan(arch, PlanSetup(**base, colocate_engine=True, engine_tp=4, rollout_batch=8))["optimizers"]
     assert not colocated["adamw"]["fits"] and colocated["logra"]["fits"]
 

@@ -41,7 +41,8 @@ class PendingUpdate:
     Attributes:
         lr, weight_decay: the group's values when Δ was prepared.
         direction: low-rank Adam direction ``U``: ``[m, r]`` (right) or ``[r, n]`` (left); ``None`` for a dense param.
-        basis: the basis ``U`` expands with, whole: ``Q [n, r]`` or ``P [m_i, r]`` (this rank's rows).
+        basis: the basis ``U`` expands with, whole: ``Q [n, r]`` or ``P [m_i, r]`` (this rank's rows), in its
+            stored dtype (``basis_dtype``: bf16 by default), upcast to ``U``'s fp32 where it is used.
         side: ``"right"`` or ``"left"`` (low-rank only).
         scale: the group's low-rank ``scale``.
         next_basis: a refreshed basis, taken (with the moments rotated) after the update is applied.
@@ -62,27 +63,55 @@ class PendingUpdate:
         return self.direction is not None
 
 
-def advance_lowrank_moments_(st: dict, mat: LowRankMatrix, sketch: torch.Tensor, group: dict) -> None:
+def advance_lowrank_moments_(
+    st: dict, mat: LowRankMatrix, sketch: torch.Tensor, group: dict, col_sq_sum: torch.Tensor | None = None
+) -> None:
     """Add one step to a low-rank param's count and its Adam moments, from this step's gradient sketch.
 
     Args:
-        st: the param's state (``step``, ``exp_avg``, ``exp_avg_sq``), updated in place.
+        st: the param's state (``step``, ``exp_avg`` and ``exp_avg_sq`` or its factors
+            ``exp_avg_sq_row``/``exp_avg_sq_col``), updated in place; fp32 arithmetic, stored in each
+            tensor's dtype (docs/design.md §2).
         sketch: ``[m_i, r]`` (right) or ``[r, n]`` (left, summed over ranks) gradient sketch.
         group: the param group (``betas``).
+        col_sq_sum: a sharded factored right sketch's ``[r]`` sums of ``S*S`` over all rows
+            (:meth:`~logra_lightning.optim.matrix.LowRankMatrix.sq_means`).
     """
     st["step"] += 1
     beta1, beta2 = group["betas"]
-    sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], mat.moment_cols(sketch), beta1, beta2)  # [m_i, r] | [r, n_j]
+    s = mat.moment_cols(sketch)  # [m_i, r] | [r, n_j]
+    if not mat.factored:
+        sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], s, beta1, beta2)
+        return
+    row_sq, col_sq = mat.sq_means(sketch, col_sq_sum)  # [a], [b]
+    sk.factored_moments_(st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], s, row_sq, col_sq, beta1, beta2)
 
 
 def lowrank_candidate(st: dict, mat: LowRankMatrix, group: dict, next_basis: torch.Tensor | None) -> PendingUpdate:
     """A low-rank param's Δ from its (advanced) moments; ``next_basis`` is taken after the update, if given."""
     beta1, beta2 = group["betas"]
-    u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], int(st["step"]), beta1, beta2, group["eps"])
+    step, eps = int(st["step"]), group["eps"]
+    if mat.factored:
+        u = sk.factored_direction(st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], mat.side, step,
+                                  beta1, beta2, eps)  # fmt: skip
+    else:
+        u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], step, beta1, beta2, eps)  # fp32 [m_i, r] | [r, n_j]
     return PendingUpdate(
         group["lr"], group["weight_decay"], direction=mat.full_direction(u), basis=mat.full_basis(st["basis"]),
         side=mat.side, scale=group["scale"], next_basis=next_basis,
     )  # fmt: skip
+
+
+def take_next_basis_(st: dict, mat: LowRankMatrix, next_basis: torch.Tensor) -> None:
+    """After the update: turn the moments into ``next_basis`` (LoGRA choices 3 and 8) and store it as the basis."""
+    rot = mat.reduce_rotation_(sk.basis_rotation(st["basis"], next_basis))  # [r, r], fp32
+    if mat.factored:
+        st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"] = sk.rotate_factored(
+            st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], rot, mat.side
+        )
+    else:
+        st["exp_avg"], st["exp_avg_sq"] = sk.rotate_moments(st["exp_avg"], st["exp_avg_sq"], rot, mat.side)
+    st["basis"] = next_basis  # a new tensor object: weight sync sees a new basis version
 
 
 def dense_candidate(st: dict, grad: torch.Tensor, group: dict) -> PendingUpdate:
@@ -128,7 +157,9 @@ def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float) -> Non
     u, basis, alpha = pend.direction, pend.basis, -lr * pend.scale * coef
     if w.dtype != u.dtype:
         w.add_(sk.lowrank_delta(u, basis, pend.side).mul_(alpha).to(w.dtype))
-    elif pend.side == "right":
+        return
+    basis = basis.to(u.dtype)  # a bf16-stored basis: an fp32 copy of [n, r] | [m, r]
+    if pend.side == "right":
         w.addmm_(u, basis.T, alpha=alpha)  # [m, r] @ [r, n]
     else:
         w.addmm_(basis, u, alpha=alpha)  # [m, r] @ [r, n]
@@ -138,7 +169,8 @@ def applied_update(pend: PendingUpdate, name: str, eta: float, version: str | No
     """What the step at scale ``eta`` did to a low-rank param: ``W <- c * W + L @ R`` (``L`` this rank's rows).
 
     ``version`` identifies the basis the update used (the factor on ``pend.side``), so an engine that
-    keeps that basis needs only the coefficient (docs/design.md §5).
+    keeps that basis needs only the coefficient (docs/design.md §5). Both factors are fp32: a
+    bf16-stored basis is sent upcast (exactly its stored values).
     """
     left, right = sk.lowrank_factors(pend.direction, pend.basis, pend.side, -eta * pend.lr * pend.scale)
     c = 1.0 - eta * pend.lr * pend.weight_decay
@@ -173,3 +205,45 @@ def gather_update_rows(updates: list[LowRankUpdate], matrices: dict[str, LowRank
         left = sh.gather_chunks(u.left.contiguous(), mat.shard, mat.shape[0])  # [m, r] from every rank's [m_i, r]
         out.append(replace(u, left=left))  # keeps the basis version
     return out
+
+
+class AppliedUpdates:
+    """The weight-sync methods of :class:`~logra_lightning.optim.LoGRA` (one of its bases).
+
+    With ``record_updates`` set, each step keeps what it did to every low-rank param (:meth:`_record`)
+    for :meth:`pop_applied_updates`. Uses the optimizer's ``_applied``, ``_basis_versions``,
+    ``_matrices``, ``_params()``, ``_names()``, ``state`` and ``param_groups``.
+    """
+
+    def _record(self, p: torch.Tensor, pend: PendingUpdate, name: str, eta: float) -> LowRankUpdate:
+        """The update a step at scale ``eta`` applied to ``p``, with the version of the basis it used.
+
+        The version keys on the stored basis tensor (``state[p]["basis"]``), replaced only by a
+        refresh or a load, so an engine that keeps that basis is sent the coefficient only.
+        """
+        return applied_update(pend, name, eta, self._basis_versions.of(id(p), self.state[p]["basis"]))
+
+    def pop_applied_updates(self) -> list[list[LowRankUpdate]]:
+        """Factored updates of the steps since the last pop (one list per step; needs ``record_updates``).
+
+        Under FSDP2 a left factor holds this rank's rows only: see :meth:`gather_updates`.
+        """
+        out, self._applied = self._applied, []
+        return out
+
+    def gather_updates(self, updates: list[LowRankUpdate]) -> list[LowRankUpdate]:
+        """One step's updates with full left factors ``[m, r]``, all-gathered from every rank's rows.
+
+        A collective under FSDP2 (every rank calls it with its own list from
+        :meth:`pop_applied_updates`); the updates as they are on one process.
+
+        Raises:
+            KeyError: an update names no param of this optimizer.
+            ValueError: a left factor does not hold this rank's rows of its matrix.
+        """
+        matrices = {n: self._matrices.get(id(p)) for n, p in zip(self._names(), self._params())}
+        return gather_update_rows(updates, matrices)
+
+    def dense_param_names(self) -> list[str]:
+        """Names of params in dense (AdamW) groups: sync these as values."""
+        return [n for g in self.param_groups if g.get("rank") is None for n in g["param_names"]]

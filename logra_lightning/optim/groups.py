@@ -220,3 +220,27 @@ def validate_hparams(lr, betas, eps, weight_decay, update_proj_gap, scale, side,
         raise ValueError(f"Invalid oversample: {oversample} (must be an int >= 0)")
     if rank is not None and not (isinstance(rank, int) and rank >= 1):
         raise ValueError(f"Invalid rank: {rank} (must be an int >= 1, or None for dense AdamW)")
+
+
+SECOND_MOMENTS = ("auto", "factored", "full")
+STORAGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def storage_dtype(value: str | torch.dtype, key: str = "basis_dtype") -> torch.dtype:
+    """A storage dtype option (``basis_dtype``, ``exp_avg_dtype``) as a torch dtype: its name or the dtype.
+
+    Raises:
+        ValueError: not one of :data:`STORAGE_DTYPES` (the message names ``key``).
+    """
+    dtype = STORAGE_DTYPES.get(value, value) if isinstance(value, str) else value
+    if dtype not in STORAGE_DTYPES.values():
+        raise ValueError(f"Invalid {key}: {value!r} (allowed: {', '.join(map(repr, STORAGE_DTYPES))})")
+    return dtype
+
+
+def validate_storage(second_moment: str, basis_dtype, exp_avg_dtype) -> None:
+    """Check LoGRA's state-storage options (choices 8 and 9); the message names the bad value."""
+    if second_moment not in SECOND_MOMENTS:
+        raise ValueError(f"Invalid second_moment: {second_moment!r} (allowed: {', '.join(map(repr, SECOND_MOMENTS))})")
+    storage_dtype(basis_dtype, "basis_dtype")
+    storage_dtype(exp_avg_dtype, "exp_avg_dtype")

@@ -4,8 +4,9 @@ The math lives in :mod:`logra_lightning.optim.sketch`; this class holds state
 and orchestrates: backward hooks that sketch and free gradients, the two-phase
 step (``prepare_update`` / ``perturb_`` / ``set_step_scale`` / ``step``) used by
 predicted-KL step control, basis refreshes, and factored update records for
-low-rank weight sync. Tested against :class:`LoGRAReference` in
-``tests/test_optim_logra.py``; memory in ``benchmarks/optimizer_memory.py``.
+low-rank weight sync (its base :class:`~logra_lightning.optim.candidate.AppliedUpdates`;
+checkpoints: :class:`~logra_lightning.optim.state_io.Checkpointing`). Tested against
+:class:`LoGRAReference` in ``tests/test_optim_logra.py``; memory in ``benchmarks/optimizer_memory.py``.
 
 Choices and departures (numbered, as promised by the house style):
 
@@ -22,7 +23,8 @@ Choices and departures (numbered, as promised by the house style):
    effect after this step's update is applied. ``refresh="svd"`` (exact SVD of
    ``G``, GaLore's projector) needs ``sketch_in_backward=False``.
 3. **Moments across a refresh.** ``M <- M @ R``, ``V <- V @ (R*R)`` with
-   ``R = Q_old.T @ Q_new`` (see :func:`~logra_lightning.optim.sketch.rotate_moments`);
+   ``R = Q_old.T @ Q_new`` (see :func:`~logra_lightning.optim.sketch.rotate_moments`; a
+   factored ``V`` turns exactly the same, :func:`~logra_lightning.optim.sketch.rotate_factored`);
    the step count and bias correction keep running.
 4. **Non-finite values.** A NaN/inf range sketch skips that refresh (old basis
    kept, ``skipped_refreshes`` += 1, warned once). A NaN/inf gradient sketch
@@ -35,8 +37,8 @@ Choices and departures (numbered, as promised by the house style):
    ``zero_grad``); it is not optimizer state and is not checkpointed.
 6. **FSDP2 (row-sharded DTensors).** Sides and random matrices come from the *global*
    shape, so a sharded run takes the same steps as one process (``tests/test_fsdp2.py``).
-   Every state tensor is sharded, none replicated (layout table and collectives in
-   :mod:`~logra_lightning.optim.sharding`, per-matrix gathers in
+   Every state tensor is sharded, none replicated but a factored ``V``'s ``[r]`` factor (layout
+   table and collectives in :mod:`~logra_lightning.optim.sharding`, per-matrix gathers in
    :class:`~logra_lightning.optim.matrix.LowRankMatrix`): a rank holds about ``1/world`` of
    the single-process state. ``state_dict()`` returns the sharded tensors as DTensors, so
    Lightning's ``ModelParallelStrategy`` saves and restores them with distributed
@@ -45,6 +47,19 @@ Choices and departures (numbered, as promised by the house style):
    local: the left factor holds this rank's rows (:meth:`LoGRA.gather_updates` completes them).
 7. **3-D expert weights** (``[E, m, n]``) are one ``[E*m, n]`` matrix with a right sketch
    by default: one shared input-space basis, per-expert moments (why: :mod:`~logra_lightning.optim.matrix`).
+8. **Factored second moment where the sketch is tall** (``second_moment="auto"``): a right sketch
+   of an ``[m, n]`` matrix with ``m > n`` (tied embedding, experts) keeps ``V`` as Adafactor's row
+   and column means, ``[m] + [r]`` instead of ``[m, r]`` (docs/design.md §2; at ~100M the
+   embedding's two ``[32000, 64]`` moments were 16.4 of 71.9 MB of state). ``"full"``: Adam's ``V``
+   everywhere (the behaviour before); ``"factored"``: everywhere.
+9. **bf16 storage of bases and first moments** (``basis_dtype``, ``exp_avg_dtype``): fp32
+   arithmetic on upcast values, rounded once when stored; the second moment stays fp32 (a
+   ``beta2 = 0.999`` EMA would stall in bf16). ``"float32"`` restores the previous storage.
+   Effect on the update: ``benchmarks/direction_error.py``; on accuracy: ``benchmarks/quality.py``.
+10. **Host memory back to the OS** (``release_host_memory=True``): with params on the CPU, each
+    sketch hook (after freeing its gradient) and the end of ``step()`` call glibc's ``malloc_trim``
+    (:mod:`~logra_lightning.optim.host_memory`; it also returns what the model's own backward
+    freed: ``benchmarks/optimizer_memory.py`` compares with ``floor_nograd_trim`` too).
 
 Example::
 
@@ -68,17 +83,20 @@ import torch
 
 from logra_lightning._util import WarnOnce, local
 from logra_lightning.optim import candidate as cand
+from logra_lightning.optim import host_memory
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim import state_io
 from logra_lightning.optim.candidate import PendingUpdate
-from logra_lightning.optim.groups import normalize_params, split_by_rank, validate_hparams
+from logra_lightning.optim.groups import (
+    normalize_params, split_by_rank, storage_dtype, validate_hparams, validate_storage,
+)  # fmt: skip
 from logra_lightning.optim.matrix import LowRankMatrix, resolve_side
 from logra_lightning.sync_wire import BasisVersions, LowRankUpdate
 
 __all__ = ["LoGRA", "resolve_side"]
 
-class LoGRA(torch.optim.Optimizer):
+class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
     """Adam whose moments live in rank-``r`` gradient sketches; dense AdamW for groups without ``rank``.
 
     Args:
@@ -94,10 +112,16 @@ class LoGRA(torch.optim.Optimizer):
         refresh: ``"randomized"`` (range sketch, default) or ``"svd"`` (exact, needs
             ``sketch_in_backward=False``).
         oversample: extra range-sketch columns ``p``.
+        second_moment: ``"auto"`` (default: factored for right sketches of matrices with ``m > n``),
+            ``"factored"`` or ``"full"`` (choice 8).
+        basis_dtype, exp_avg_dtype: storage of the bases and low-rank first moments, ``"bfloat16"``
+            (default) or ``"float32"`` (choice 9). Second moments and dense AdamW state are fp32.
         sketch_in_backward: sketch and free each gradient in a post-accumulate-grad
             hook (default). ``False``: keep full grads and project in ``step`` (GaLore-style).
         include, exclude: regexes for the automatic split (only with ``rank``).
         seed: base seed of the initial bases and range-sketch test matrices.
+        release_host_memory: with params on the CPU, return freed heap pages to the OS in each
+            sketch hook and at the end of ``step()`` (choice 10).
 
     Raises:
         ValueError: a hyperparameter out of range, ``rank`` larger than a matrix's
@@ -128,10 +152,14 @@ class LoGRA(torch.optim.Optimizer):
         side: str = "auto",
         refresh: str = "randomized",
         oversample: int = 8,
+        second_moment: str = "auto",
+        basis_dtype: str | torch.dtype = "bfloat16",
+        exp_avg_dtype: str | torch.dtype = "bfloat16",
         sketch_in_backward: bool = True,
         include=None,
         exclude=None,
         seed: int = 0,
+        release_host_memory: bool = True,
     ) -> None:
         validate_hparams(lr, betas, eps, weight_decay, update_proj_gap, scale, side, refresh, oversample, rank)
         groups = normalize_params(params)
@@ -140,8 +168,10 @@ class LoGRA(torch.optim.Optimizer):
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             update_proj_gap=update_proj_gap, scale=scale, side=side, refresh=refresh, oversample=oversample,
+            second_moment=second_moment, basis_dtype=basis_dtype, exp_avg_dtype=exp_avg_dtype,
         )  # fmt: skip
         self.sketch_in_backward = bool(sketch_in_backward)
+        self.release_host_memory = bool(release_host_memory)
         self.seed = int(seed)
         self.skipped_refreshes = 0
         self.skipped_updates = 0
@@ -191,6 +221,7 @@ class LoGRA(torch.optim.Optimizer):
             group["lr"], group["betas"], group["eps"], group["weight_decay"], group["update_proj_gap"],
             group["scale"], group["side"], group["refresh"], group["oversample"], group.get("rank"),
         )  # fmt: skip
+        validate_storage(group["second_moment"], group["basis_dtype"], group["exp_avg_dtype"])
         lowrank = self._is_lowrank(group)
         if lowrank and group["refresh"] == "svd" and self.sketch_in_backward:
             raise ValueError(
@@ -201,9 +232,10 @@ class LoGRA(torch.optim.Optimizer):
             self._group_of[id(p)] = group
             if not lowrank:
                 continue
-            mat = LowRankMatrix.build(p, name, group["rank"], group["side"])
+            mat = LowRankMatrix.build(p, name, group["rank"], group["side"], group["second_moment"])
             self._matrices[id(p)] = mat
-            self.state[p] = mat.init_state(sk.mix_seed(self.seed, self._param_index[id(p)]), p.device)
+            dtypes = [storage_dtype(group[key], key) for key in ("basis_dtype", "exp_avg_dtype")]  # choice 9
+            self.state[p] = mat.init_state(sk.mix_seed(self.seed, self._param_index[id(p)]), p.device, *dtypes)
             if self.sketch_in_backward:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._sketch_hook))
 
@@ -225,6 +257,8 @@ class LoGRA(torch.optim.Optimizer):
             return
         self._accumulate(p, p.grad)
         p.grad = None
+        if self.release_host_memory and p.device.type == "cpu":
+            host_memory.trim()  # choice 10: the gradient and the layer's freed activations leave the RSS
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop grads and the accumulated sketches, like grads (pending candidate updates are kept)."""
@@ -248,15 +282,15 @@ class LoGRA(torch.optim.Optimizer):
             return
         if not self.sketch_in_backward:
             self._sketch_full_grads()
-        touched = [p for p in self._params() if id(p) in self._matrices and id(p) in self._touched]
-        nonfinite = sh.complete_sketches([
-            (id(p), self._sketches[id(p)], self._matrices[id(p)].shard, self._matrices[id(p)].side == "left")
-            for p in touched
-        ])  # fmt: skip
+        touched = [(p, self._matrices[id(p)]) for p in self._params() if id(p) in self._touched]  # low-rank only
+        nonfinite, col_sums = sh.complete_sketches(
+            [(id(p), self._sketches[id(p)], mat.shard, mat.side == "left", mat.sums_col_sq) for p, mat in touched]
+        )
         for group in self.param_groups:
             for p in group["params"]:
                 if id(p) in self._matrices:
-                    pend = self._prepare_lowrank(p, group, id(p) in nonfinite) if id(p) in self._touched else None
+                    pend = (self._prepare_lowrank(p, group, id(p) in nonfinite, col_sums.get(id(p)))
+                            if id(p) in self._touched else None)  # fmt: skip
                 else:
                     pend = self._prepare_dense(p, group)
                 if pend is not None:
@@ -283,9 +317,10 @@ class LoGRA(torch.optim.Optimizer):
             self.skipped_refreshes += 1
             self._warn_once("nan_refresh", "LoGRA: non-finite range sketch; keeping the old basis")
             return None
-        return mat.own_rows(y if group["refresh"] == "svd" else sk.basis_from_range(y, group["rank"]))
+        basis = mat.own_rows(y if group["refresh"] == "svd" else sk.basis_from_range(y, group["rank"]))
+        return basis.to(st["basis"].dtype)  # stored dtype (choice 9), rounded before the moments turn into it
 
-    def _prepare_lowrank(self, p: torch.Tensor, group: dict, nonfinite: bool) -> PendingUpdate | None:
+    def _prepare_lowrank(self, p: torch.Tensor, group: dict, nonfinite: bool, col_sq_sum=None) -> PendingUpdate | None:
         st, mat = self.state[p], self._matrices[id(p)]
         if nonfinite:
             del self._sketches[id(p)]
@@ -295,7 +330,7 @@ class LoGRA(torch.optim.Optimizer):
             return None
         next_basis = self._next_basis(p, group, st) if mat.refresh_due(st, group["update_proj_gap"]) else None
         sketch = self._sketches.pop(id(p))  # consumed here: freed once this step's moments are updated
-        cand.advance_lowrank_moments_(st, mat, sketch, group)
+        cand.advance_lowrank_moments_(st, mat, sketch, group, col_sq_sum)
         del sketch
         return cand.lowrank_candidate(st, mat, group, next_basis)
 
@@ -348,6 +383,8 @@ class LoGRA(torch.optim.Optimizer):
         self.prepare_update()
         self._apply(self._step_scale)
         self._step_scale = 1.0
+        if self.release_host_memory and any(local(p).device.type == "cpu" for p in self._params()[:1]):
+            host_memory.trim()  # choice 10: this step's sketches and candidates are freed now
         return loss
 
     def _apply(self, eta: float) -> None:
@@ -358,13 +395,9 @@ class LoGRA(torch.optim.Optimizer):
             if not pend.lowrank:
                 continue
             if self.record_updates:
-                version = self._basis_versions.of(id(p), self.state[p]["basis"])  # the basis this update used
-                records.append(cand.applied_update(pend, names[id(p)], eta, version))
+                records.append(self._record(p, pend, names[id(p)], eta))
             if pend.next_basis is not None:
-                st, mat = self.state[p], self._matrices[id(p)]
-                rot = mat.reduce_rotation_(sk.basis_rotation(st["basis"], pend.next_basis))  # [r, r]
-                st["exp_avg"], st["exp_avg_sq"] = sk.rotate_moments(st["exp_avg"], st["exp_avg_sq"], rot, pend.side)
-                st["basis"] = pend.next_basis
+                cand.take_next_basis_(self.state[p], self._matrices[id(p)], pend.next_basis)
         if self.record_updates:
             self._applied.append(records)
         self._reset_candidate()
@@ -373,64 +406,3 @@ class LoGRA(torch.optim.Optimizer):
         self._pending.clear()
         self._prepared = False
         self._perturb_total = 0.0
-
-    # ----------------------------------------------------------- weight sync
-    def pop_applied_updates(self) -> list[list[LowRankUpdate]]:
-        """Factored updates of the steps since the last pop (one list per step; needs ``record_updates``).
-
-        Under FSDP2 a left factor holds this rank's rows only: see :meth:`gather_updates`.
-        """
-        out, self._applied = self._applied, []
-        return out
-
-    def gather_updates(self, updates: list[LowRankUpdate]) -> list[LowRankUpdate]:
-        """One step's updates with full left factors ``[m, r]``, all-gathered from every rank's rows.
-
-        A collective under FSDP2 (every rank calls it with its own list from
-        :meth:`pop_applied_updates`); the updates as they are on one process.
-
-        Raises:
-            KeyError: an update names no param of this optimizer.
-            ValueError: a left factor does not hold this rank's rows of its matrix.
-        """
-        matrices = {n: self._matrices.get(id(p)) for n, p in zip(self._names(), self._params())}
-        return cand.gather_update_rows(updates, matrices)
-
-    def dense_param_names(self) -> list[str]:
-        """Names of params in dense (AdamW) groups: sync these as values."""
-        return [n for g in self.param_groups if not self._is_lowrank(g) for n in g["param_names"]]
-
-    # ------------------------------------------------------------ checkpoint
-    def state_dict(self) -> dict[str, Any]:
-        """``Optimizer.state_dict()`` with every param listed and, under FSDP2, sharded state as DTensors.
-
-        Ready for ``torch.save`` and distributed checkpointing; format in :mod:`~logra_lightning.optim.state_io`.
-
-        Raises:
-            RuntimeError: under FSDP2 between backward and ``step()`` (partial sums over ranks; Lightning
-                checkpoints after ``step()``).
-        """
-        sd = super().state_dict()
-        state = sd["state"]  # keyed by position in param-group order; values are our live dicts: copy, don't edit
-        for idx, p in enumerate(self._params()):
-            mat = self._matrices.get(id(p))
-            if idx not in state and mat is None:
-                state[idx] = state_io.dense_placeholder(local(p))
-            if idx in state:
-                layout = state_io.dtensor_layout(p, state[idx], mat, pending_sketch=id(p) in self._sketches)
-                state[idx] = state_io.with_dtensors(state[idx], p, layout)
-        return sd
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load what :meth:`state_dict` wrote, saved whole or through DCP (:func:`~logra_lightning.optim.state_io.restored_states`).
-
-        Raises:
-            ValueError: a saved low-rank state tensor has another shape than here (another ``rank``, side or sharding).
-        """
-        previous = self.state
-        super().load_state_dict({**state_dict, "state": {}})  # checks group sizes, restores hyperparameters
-        self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for p, st in state_io.restored_states(state_dict, self._params(), self._names(), self._matrices, previous):
-            self.state[p] = st
-        self._reset_candidate()
-        self._touched.clear()

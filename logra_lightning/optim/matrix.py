@@ -15,6 +15,12 @@ not pick have zero sketch rows (like Adam, they move only by momentum), as with
 embeddings. A left sketch would give all experts together one rank-r update.
 Under FSDP2 (sharded by experts) the number of experts must divide by the group size.
 
+**Factored second moment** (``LowRankMatrix.factored``, LoGRA choice 8): ``V`` kept as its row
+and column means ``exp_avg_sq_row`` ``[a]`` and ``exp_avg_sq_col`` ``[b]`` of the ``[a, b]``
+moments (:func:`~logra_lightning.optim.sketch.factored_second_moment`). With ``"auto"`` only a
+right sketch of a matrix with ``m > n`` (tied embedding, 3-D experts, whose side is forced) has
+it: there the ``[m, r]`` moments are larger than the ``[r, n]`` the other side would give.
+
 Example::
 
     >>> import torch
@@ -24,6 +30,9 @@ Example::
     (torch.Size([6, 4]), 'left', True)
     >>> {k: tuple(v.shape) for k, v in mat.init_state(seed=0, device=w.device).items()}
     {'step': (), 'seed': (), 'basis': (6, 2), 'exp_avg': (2, 4), 'exp_avg_sq': (2, 4)}
+    >>> emb = LowRankMatrix.build(torch.nn.Parameter(torch.zeros(10, 4)), "embed", rank=2, side="right")
+    >>> {k: tuple(v.shape) for k, v in emb.init_state(seed=0, device=w.device, basis_dtype=torch.bfloat16).items()}
+    {'step': (), 'seed': (), 'basis': (4, 2), 'exp_avg': (10, 2), 'exp_avg_sq_row': (10,), 'exp_avg_sq_col': (2,)}
 """
 
 from __future__ import annotations
@@ -65,18 +74,21 @@ class LowRankMatrix:
         side: ``"right"`` (basis ``Q [n, r]``, moments ``[m, r]``) or ``"left"`` (``P [m, r]``, ``[r, n]``).
         rank: ``r``.
         shard: this rank's rows under FSDP2, ``None`` when the matrix is whole here.
+        factored: ``V`` is kept as row and column means (LoGRA choice 8) rather than Adam's ``[a, b]``.
     """
 
     shape: torch.Size
     side: str
     rank: int
     shard: sh.RowShard | None
+    factored: bool = False
 
     @classmethod
-    def build(cls, p: torch.Tensor, name: str, rank: int, side: str) -> LowRankMatrix:
-        """Check ``p`` can be low-rank with ``rank`` and find its side and shard.
+    def build(cls, p: torch.Tensor, name: str, rank: int, side: str, second_moment: str = "auto") -> LowRankMatrix:
+        """Check ``p`` can be low-rank with ``rank`` and find its side, shard and second-moment layout.
 
         A 3-D expert weight defaults to a right sketch (per-expert moments; LoGRA choice 7).
+        ``second_moment``: ``"auto"``, ``"factored"`` or ``"full"`` (LoGRA choice 8).
 
         Raises:
             ValueError: ``p`` is not 2-D/3-D, or ``rank`` exceeds its smaller or sketched dimension.
@@ -97,7 +109,7 @@ class LowRankMatrix:
         shard = sh.row_shard(p, name)
         if shard is not None and p.ndim > 2:
             shard = sh.flatten_rows(shard, tuple(p.shape), name)  # experts' rows of the [E*m, n] matrix
-        return cls(shape, side, rank, shard)
+        return cls(shape, side, rank, shard, sk.factored_second_moment_wanted(second_moment, side, *shape))
 
     @property
     def full_rank(self) -> bool:
@@ -131,8 +143,15 @@ class LowRankMatrix:
         y = st.pop("range", None)
         return None if y is None else self.full_range(y)  # [n, k] | [m, k]
 
-    def init_state(self, seed: int, device) -> dict[str, torch.Tensor]:
-        """Step 0, the seed, the first basis (seeded random orthonormal) and zero moments, for this rank."""
+    def init_state(
+        self, seed: int, device, basis_dtype: torch.dtype = torch.float32, exp_avg_dtype: torch.dtype = torch.float32
+    ) -> dict[str, torch.Tensor]:
+        """Step 0, the seed, the first basis (seeded random orthonormal) and zero moments, for this rank.
+
+        The basis and ``exp_avg`` are stored in ``basis_dtype`` / ``exp_avg_dtype`` (LoGRA choice 9;
+        the arithmetic upcasts them), the second moment in fp32: ``exp_avg_sq`` ``[a, b]``, or when
+        :attr:`factored` its row and column means ``exp_avg_sq_row`` ``[a]`` and ``exp_avg_sq_col`` ``[b]``.
+        """
         m, n = self.shape
         dim = n if self.side == "right" else m
         moment_shape = (m, self.rank) if self.side == "right" else (self.rank, n)
@@ -141,13 +160,18 @@ class LowRankMatrix:
             basis = self.own_rows(basis)  # [n_j, r] | [m_i, r]
             cols = self.shard.chunk(n)
             moment_shape = (self.shard.rows, self.rank) if self.side == "right" else (self.rank, cols.stop - cols.start)
-        return {
+        st = {
             "step": torch.zeros((), dtype=torch.int64),
             "seed": torch.tensor(seed, dtype=torch.int64),
-            "basis": basis,  # [n, r] | [m, r]
-            "exp_avg": torch.zeros(moment_shape, dtype=torch.float32, device=device),  # [m, r] | [r, n]
-            "exp_avg_sq": torch.zeros(moment_shape, dtype=torch.float32, device=device),
+            "basis": basis.to(basis_dtype),  # [n, r] | [m, r]
+            "exp_avg": torch.zeros(moment_shape, dtype=exp_avg_dtype, device=device),  # [m, r] | [r, n]
         }
+        if not self.factored:
+            st["exp_avg_sq"] = torch.zeros(moment_shape, dtype=torch.float32, device=device)
+        else:  # [a] + [b]
+            st["exp_avg_sq_row"] = torch.zeros(moment_shape[0], dtype=torch.float32, device=device)
+            st["exp_avg_sq_col"] = torch.zeros(moment_shape[1], dtype=torch.float32, device=device)
+        return st
 
     def own_rows(self, basis: torch.Tensor) -> torch.Tensor:
         """The rows of a full basis this rank stores (``P``: W's rows; ``Q``: a chunk of W's columns).
@@ -170,6 +194,26 @@ class LowRankMatrix:
         if self.shard is None or self.side == "right":
             return sketch
         return sketch[:, self.shard.chunk(self.shape[1])]
+
+    @property
+    def sums_col_sq(self) -> bool:
+        """A factored right sketch of a sharded matrix: its ``[r]`` column sums of ``S*S`` join the step's
+        all-reduce (:func:`~logra_lightning.optim.sharding.complete_sketches`)."""
+        return self.factored and self.side == "right" and self.shard is not None
+
+    def sq_means(self, sketch: torch.Tensor, col_sq_sum: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Row and column means of ``S*S`` over the whole matrix, shaped like this rank's factors ``[a]``, ``[b]``.
+
+        Args:
+            sketch: this step's sketch, ``[m_i, r]`` (right) or ``[r, n]`` (left, complete on every rank).
+            col_sq_sum: when :attr:`sums_col_sq`, the ``[r]`` sums of ``S*S`` over all ``m`` rows.
+        """
+        row_sq, col_sq = sk.sq_means(self.moment_cols(sketch))  # [a], [b] over this rank's piece
+        if self.shard is not None and self.side == "left":
+            row_sq = sk.sq_means(sketch)[0]  # [r]: over all n columns
+        elif self.sums_col_sq:
+            col_sq = col_sq_sum / self.shape[0]  # [r]: over all m rows
+        return row_sq, col_sq
 
     def full_direction(self, u: torch.Tensor) -> torch.Tensor:
         """A sharded left direction ``[r, n_j]`` gathered from every rank to ``[r, n]``."""

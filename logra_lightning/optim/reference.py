@@ -21,12 +21,18 @@ from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.groups import normalize_params, split_named_params
 
 
+def _round(t: torch.Tensor, dtype) -> torch.Tensor:
+    """``t`` in fp32 holding the values a store of ``dtype`` holds (LoGRA upcasts its bf16 state)."""
+    return t.to(torch.bfloat16).float() if dtype in ("bfloat16", torch.bfloat16) else t
+
+
 class LoGRAReference(torch.optim.Optimizer):
     """Reference LoGRA (single-phase ``step``). Same arguments as ``LoGRA`` minus ``sketch_in_backward``."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, rank=None,
                  update_proj_gap=200, scale=1.0, side="auto", refresh="randomized", oversample=8,
-                 include=None, exclude=None, seed=0):  # fmt: skip
+                 second_moment="auto", basis_dtype="bfloat16", exp_avg_dtype="bfloat16", include=None, exclude=None,
+                 seed=0):  # fmt: skip
         groups = normalize_params(params)
         if rank is not None and not any("rank" in g for g in groups):
             groups = [
@@ -34,7 +40,8 @@ class LoGRAReference(torch.optim.Optimizer):
                 for s in split_named_params(zip(g["param_names"], g["params"]), rank, include=include, exclude=exclude)
             ]  # fmt: skip
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update_proj_gap=update_proj_gap,
-                        scale=scale, side=side, refresh=refresh, oversample=oversample)  # fmt: skip
+                        scale=scale, side=side, refresh=refresh, oversample=oversample, second_moment=second_moment,
+                        basis_dtype=basis_dtype, exp_avg_dtype=exp_avg_dtype)  # fmt: skip
         super().__init__(groups, defaults)
         index = 0
         for group in self.param_groups:
@@ -44,14 +51,20 @@ class LoGRAReference(torch.optim.Optimizer):
                     side = group["side"] if group["side"] != "auto" else ("right" if m <= n else "left")
                     seed_p = sk.mix_seed(seed, index)
                     r = group["rank"]
+                    right_side = side == "right"
+                    a, b = (m, r) if right_side else (r, n)
                     self.state[p] = {
                         "side_right": torch.tensor(side == "right"),
                         "seed": torch.tensor(seed_p),
                         "step": torch.tensor(0),
-                        "basis": sk.random_orthonormal(n if side == "right" else m, r, seed_p),
-                        "exp_avg": torch.zeros((m, r) if side == "right" else (r, n)),
-                        "exp_avg_sq": torch.zeros((m, r) if side == "right" else (r, n)),
+                        "basis": _round(sk.random_orthonormal(n if right_side else m, r, seed_p), group["basis_dtype"]),
+                        "exp_avg": torch.zeros(a, b),
                     }
+                    mode = group["second_moment"]  # auto: factored for a right sketch of a tall matrix (embeddings)
+                    if not (mode == "factored" or (mode == "auto" and side == "right" and m > n)):
+                        self.state[p]["exp_avg_sq"] = torch.zeros(a, b)
+                    else:  # row / column means of the second moment (Adafactor's factors)
+                        self.state[p]["row"], self.state[p]["col"] = torch.zeros(a), torch.zeros(b)
                 index += 1
 
     @torch.no_grad()
@@ -97,18 +110,34 @@ class LoGRAReference(torch.optim.Optimizer):
                         omega = sk.gaussian(rows, k, sk.mix_seed(int(st["seed"]), int(st["step"]), 1))
                         y = g.T @ omega if right else g @ omega
                         new_q = sk.basis_from_range(y, r) if torch.isfinite(y).all() else None
+                new_q = _round(new_q, group["basis_dtype"]) if new_q is not None else None
                 st["step"] += 1
                 t = int(st["step"])
-                st["exp_avg"] = b1 * st["exp_avg"] + (1 - b1) * s
-                st["exp_avg_sq"] = b2 * st["exp_avg_sq"] + (1 - b2) * s * s
-                u = (st["exp_avg"] / (1 - b1**t)) / ((st["exp_avg_sq"] / (1 - b2**t)).sqrt() + eps)
+                if group["exp_avg_dtype"] in ("float32", torch.float32):
+                    st["exp_avg"] = b1 * st["exp_avg"] + (1 - b1) * s
+                else:  # the fp32 lerp LoGRA computes, rounded to what a bf16 store holds
+                    st["exp_avg"] = _round(torch.lerp(st["exp_avg"], s, 1 - b1), group["exp_avg_dtype"])
+                if "exp_avg_sq" in st:
+                    v = st["exp_avg_sq"] = b2 * st["exp_avg_sq"] + (1 - b2) * s * s
+                else:
+                    st["row"] = b2 * st["row"] + (1 - b2) * (s * s).mean(dim=1)
+                    st["col"] = b2 * st["col"] + (1 - b2) * (s * s).mean(dim=0)
+                    small = st["col"] if right else st["row"]  # the rank-sized factor: its mean is V's mean
+                    v = st["row"][:, None] * st["col"][None, :] / max(float(small.mean()), 1e-38)
+                u = (st["exp_avg"] / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
                 delta = u @ q.T if right else q @ u  # [m, n]
                 p.mul_(1 - lr * wd).add_(-lr * group["scale"] * delta)
                 if new_q is not None:
                     rot = q.T @ new_q  # [r, r]
-                    if right:
-                        st["exp_avg"], st["exp_avg_sq"] = st["exp_avg"] @ rot, st["exp_avg_sq"] @ (rot * rot)
-                    else:
-                        st["exp_avg"], st["exp_avg_sq"] = rot.T @ st["exp_avg"], (rot * rot).T @ st["exp_avg_sq"]
+                    turned = st["exp_avg"] @ rot if right else rot.T @ st["exp_avg"]
+                    st["exp_avg"] = _round(turned, group["exp_avg_dtype"])
+                    if "exp_avg_sq" in st:
+                        st["exp_avg_sq"] = st["exp_avg_sq"] @ (rot * rot) if right else (rot * rot).T @ st["exp_avg_sq"]
+                    else:  # turn the rank-sized factor; rescale the other so V's row/column means stay exact
+                        key, other = ("col", "row") if right else ("row", "col")
+                        old_mean = float(st[key].mean())
+                        st[key] = (rot * rot).T @ st[key]
+                        if old_mean > 0:
+                            st[other] = st[other] * (st[key].mean() / old_mean)
                     st["basis"] = new_q
         return loss

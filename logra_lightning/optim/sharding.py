@@ -22,11 +22,12 @@ Example::
     (4, 7)
 
 The state LoGRA keeps for a sharded matrix (``m_i``: W's rows on this rank,
-``n_j``: this rank's ``torch.chunk`` of W's ``n`` columns); nothing is replicated::
+``n_j``: this rank's ``torch.chunk`` of W's ``n`` columns); only the ``[r]`` factor of a
+factored second moment (docs/design.md §2) is replicated::
 
-    side      basis              moments      sketch
-    right     Q rows [n_j, r]    [m_i, r]     [m_i, r]
-    left      P rows [m_i, r]    [r, n_j]     [r, n]  (partial sum P_i.T @ G_i until the step)
+    side      basis              moments      sketch                                       factored V
+    right     Q rows [n_j, r]    [m_i, r]     [m_i, r]                                     [m_i] + [r]
+    left      P rows [m_i, r]    [r, n_j]     [r, n]  (partial sum P_i.T @ G_i until the step)  [r] + [n_j]
 """
 
 from __future__ import annotations
@@ -148,29 +149,39 @@ def gather_chunks(local: torch.Tensor, shard: RowShard, total: int) -> torch.Ten
     return out[:total]
 
 
-def complete_sketches(members: list[tuple[Hashable, torch.Tensor, RowShard | None, bool]]) -> set[Hashable]:
-    """Complete the partial left sketches of row-sharded matrices; return the keys of non-finite sketches.
+def complete_sketches(
+    members: list[tuple[Hashable, torch.Tensor, RowShard | None, bool, bool]],
+) -> tuple[set[Hashable], dict[Hashable, torch.Tensor]]:
+    """Complete the partial left sketches of row-sharded matrices; find the non-finite sketches.
 
-    ``members`` holds ``(key, sketch, shard, is_left)`` per matrix. A whole matrix is only
-    checked. Per shard group, one all-reduce carries every partial left sketch ``P_i.T @ G_i``
-    (summed in place) and one non-finite flag per sharded matrix, so every rank skips the same
-    matrices.
+    ``members`` holds ``(key, sketch, shard, is_left, sum_col_sq)`` per matrix. A whole matrix is
+    only checked. Per shard group, one all-reduce carries one non-finite flag per sharded matrix
+    (so every rank skips the same matrices), every partial left sketch ``P_i.T @ G_i`` (summed in
+    place) and, where ``sum_col_sq``, the ``[r]`` column sums of ``S_i * S_i`` of a right sketch
+    (a factored second moment's column means need all ``m`` rows; docs/design.md §2).
+
+    Returns:
+        The keys of non-finite sketches, and ``key -> [r]`` column sums of ``S*S`` over all rows.
     """
     nonfinite: set[Hashable] = set()
-    by_group: dict[Any, list[tuple[Hashable, torch.Tensor, bool]]] = {}
-    for key, sketch, shard, is_left in members:
+    by_group: dict[Any, list[tuple[Hashable, torch.Tensor, bool, bool]]] = {}
+    for key, sketch, shard, is_left, sum_col_sq in members:
         if shard is not None:
-            by_group.setdefault(shard.group, []).append((key, sketch, is_left))
+            by_group.setdefault(shard.group, []).append((key, sketch, is_left, sum_col_sq))
         elif not bool(torch.isfinite(sketch).all()):
             nonfinite.add(key)
+    col_sums: dict[Hashable, torch.Tensor] = {}
     for pg, group in by_group.items():
-        left = [s for _, s, is_left in group if is_left]
-        flags = [(~torch.isfinite(s)).any().float().reshape(1) for _, s, _ in group]
-        flat = all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in left]), pg)
+        left = [s for _, s, is_left, _ in group if is_left]
+        cols = [(key, s.square().sum(dim=0)) for key, s, _, sum_col_sq in group if sum_col_sq]  # [r] over m_i rows
+        flags = [(~torch.isfinite(s)).any().float().reshape(1) for _, s, _, _ in group]
+        flat = all_reduce_sum_(torch.cat(flags + [s.reshape(-1) for s in left] + [c for _, c in cols]), pg)
         offset = len(group)
         for s in left:
             s.copy_(flat[offset : offset + s.numel()].view_as(s))  # [r, n]: P.T @ G
             offset += s.numel()
-        nonfinite.update(key for (key, _, _), bad in zip(group, flat[: len(group)].tolist()) if bad > 0)
-    return nonfinite
-
+        for key, c in cols:
+            col_sums[key] = flat[offset : offset + c.numel()]  # [r] over all m rows
+            offset += c.numel()
+        nonfinite.update(key for (key, *_), bad in zip(group, flat[: len(group)].tolist()) if bad > 0)
+    return nonfinite, col_sums

@@ -62,7 +62,12 @@ def random_orthonormal(dim: int, rank: int, seed: int, dtype=torch.float32, devi
 
 
 def project(grad: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Tensor:
-    """Sketch of a gradient in a basis: ``G @ Q`` ([m, r]) or ``P.T @ G`` ([r, n])."""
+    """Sketch of a gradient in a basis: ``G @ Q`` ([m, r]) or ``P.T @ G`` ([r, n]), in fp32.
+
+    A basis stored in bf16 (``basis_dtype``) is upcast first: its values are the rounded
+    ones, the arithmetic stays fp32.
+    """
+    basis = basis.float()
     g = grad.to(basis.dtype)
     return g @ basis if side == "right" else basis.T @ g
 
@@ -122,8 +127,8 @@ def _fix_signs(basis: torch.Tensor) -> torch.Tensor:
 
 
 def basis_rotation(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """``R = old.T @ new`` ([r, r]): coordinates of the new basis vectors in the old basis."""
-    return old.T @ new
+    """``R = old.T @ new`` ([r, r], fp32): coordinates of the new basis vectors in the old basis."""
+    return old.float().T @ new.float()
 
 
 def rotate_moments(
@@ -141,16 +146,33 @@ def rotate_moments(
     step count (and bias correction) running instead of restarting it.
     """
     r2 = rot * rot  # [r, r]
-    if side == "right":
-        return exp_avg @ rot, exp_avg_sq @ r2  # [m, r]
-    return rot.T @ exp_avg, r2.T @ exp_avg_sq  # [r, n]
+    return _turn(exp_avg, rot, side), (exp_avg_sq @ r2 if side == "right" else r2.T @ exp_avg_sq)
+
+
+def _turn(exp_avg: torch.Tensor, rot: torch.Tensor, side: str) -> torch.Tensor:
+    """``M @ R`` (right, [m, r]) or ``R.T @ M`` (left, [r, n]) in fp32, stored in ``M``'s dtype."""
+    m = exp_avg.float()
+    return (m @ rot if side == "right" else rot.T @ m).to(exp_avg.dtype)
+
+
+def ema_(buf: torch.Tensor, x: torch.Tensor, weight: float) -> None:
+    """``buf <- buf + weight * (x - buf)`` (``lerp``) in fp32, stored in ``buf``'s dtype.
+
+    A bf16 ``buf`` (``exp_avg_dtype``) is rounded once per update; with ``weight = 1 - beta1 = 0.1``
+    each update moves it by far more than its 2^-8 relative resolution, so it does not stall
+    (a ``beta2 = 0.999`` second moment would, which is why that one stays fp32).
+    """
+    if buf.dtype == x.dtype:
+        buf.lerp_(x, weight)
+    else:
+        buf.copy_(buf.float().lerp_(x.float(), weight))
 
 
 def adam_moments_(
     exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, beta1: float, beta2: float
 ) -> None:
     """In-place Adam moment update (``torch.optim.Adam``'s order of operations)."""
-    exp_avg.lerp_(grad, 1 - beta1)
+    ema_(exp_avg, grad, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
 
 
@@ -165,16 +187,94 @@ def adam_direction(
     bias1 = 1 - beta1**step
     bias2_sqrt = (1 - beta2**step) ** 0.5
     denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
-    return (exp_avg / bias1) / denom
+    return (exp_avg.float() / bias1) / denom
 
 
 def lowrank_delta(direction: torch.Tensor, basis: torch.Tensor, side: str) -> torch.Tensor:
     """Full ``[m, n]`` matrix ``U @ Q.T`` (right) or ``P @ U`` (left). Materializes one matrix."""
+    basis = basis.to(direction.dtype)
     return direction @ basis.T if side == "right" else basis @ direction
 
 
 def lowrank_factors(direction: torch.Tensor, basis: torch.Tensor, side: str, coef: float):
     """Thin factors ``(left [m, r], right [r, n])`` with ``left @ right == coef * lowrank_delta(...)``."""
+    basis = basis.to(direction.dtype)
     if side == "right":
         return direction * coef, basis.T.contiguous()
     return basis.contiguous(), direction * coef
+
+
+# ------------------------------------------------------- factored second moment (docs/design.md §2)
+# A moment matrix is [a, b]: right sketch [m, r], left sketch [r, n]. The factored second moment
+# keeps Adafactor's row and column means of the EMA of s*s, ``row`` [a] and ``col`` [b], and
+# reads V back as their outer product over the mean of the rank-sized factor (``col`` right,
+# ``row`` left): both means equal the mean of V, and the rank-sized factor is the one every
+# FSDP2 rank holds whole (see logra.py choice 8).
+
+
+def factored_second_moment_wanted(second_moment: str, side: str, m: int, n: int) -> bool:
+    """Whether an ``[m, n]`` matrix sketched on ``side`` keeps the factored second moment.
+
+    ``"auto"``: only a right sketch of a matrix with ``m > n`` (input embeddings and fused experts,
+    whose side is forced): its ``[m, r]`` moments are larger than the ``[r, n]`` ones the smaller
+    side would give, and the factors ``[m]`` + ``[r]`` give most of that back.
+    """
+    if second_moment == "auto":
+        return side == "right" and m > n
+    return second_moment == "factored"
+
+
+def sq_means(sketch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean over columns, mean over rows)`` of ``sketch * sketch`` ([a, b] -> [a], [b])."""
+    sq = sketch * sketch  # [a, b]
+    return sq.mean(dim=1), sq.mean(dim=0)
+
+
+def factored_moments_(
+    exp_avg: torch.Tensor, row: torch.Tensor, col: torch.Tensor, sketch: torch.Tensor,
+    row_sq: torch.Tensor, col_sq: torch.Tensor, beta1: float, beta2: float,
+) -> None:  # fmt: skip
+    """In place: first moment as Adam; ``row``/``col`` EMAs of the row/column means ``row_sq``/``col_sq`` of ``s*s``."""
+    ema_(exp_avg, sketch, 1 - beta1)
+    row.mul_(beta2).add_(row_sq, alpha=1 - beta2)
+    col.mul_(beta2).add_(col_sq, alpha=1 - beta2)
+
+
+def factored_second_moment(row: torch.Tensor, col: torch.Tensor, side: str) -> torch.Tensor:
+    """``V`` read back from its factors: ``outer(row, col) / mean(rank-sized factor)`` ([a, b]); 0 where it is 0."""
+    small = col if side == "right" else row
+    mean = small.mean().clamp_min(torch.finfo(small.dtype).tiny)
+    return torch.outer(row, col).div_(mean)
+
+
+def factored_direction(
+    exp_avg: torch.Tensor, row: torch.Tensor, col: torch.Tensor, side: str, step: int,
+    beta1: float, beta2: float, eps: float,
+) -> torch.Tensor:  # fmt: skip
+    """:func:`adam_direction` with ``V`` read back from its factors (one ``[a, b]`` temporary)."""
+    bias1 = 1 - beta1**step
+    bias2_sqrt = (1 - beta2**step) ** 0.5
+    denom = factored_second_moment(row, col, side).sqrt_().div_(bias2_sqrt).add_(eps)
+    return (exp_avg.float() / bias1) / denom
+
+
+def rotate_factored(
+    exp_avg: torch.Tensor, row: torch.Tensor, col: torch.Tensor, rot: torch.Tensor, side: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rotate_moments` for the factored second moment.
+
+    The rank-sized factor turns like ``V``'s rows or columns (``col <- (R*R).T @ col`` right,
+    ``row <- (R*R).T @ row`` left); the other factor is the row (column) mean of
+    ``V (R*R)`` under the rank-one model, i.e. itself times ``mean(new) / mean(old)`` of the
+    rank-sized factor. So the read-back ``V`` is exactly the rotated read-back ``V``.
+    """
+    r2 = rot * rot  # [r, r]
+    if side == "right":
+        new_col = r2.T @ col  # [r]
+        old, new = col.mean(), new_col.mean()
+        ratio = new / old if float(old) > 0 else torch.ones_like(old)
+        return _turn(exp_avg, rot, side), row * ratio, new_col
+    new_row = r2.T @ row  # [r]
+    old, new = row.mean(), new_row.mean()
+    ratio = new / old if float(old) > 0 else torch.ones_like(old)
+    return _turn(exp_avg, rot, side), new_row, col * ratio

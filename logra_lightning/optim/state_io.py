@@ -32,6 +32,7 @@ from logra_lightning._util import local
 from logra_lightning.optim.matrix import LowRankMatrix
 
 Layout = dict[str, tuple[tuple, tuple[int, ...]]]  # state key -> (placements, global shape)
+MOMENT_KEYS = frozenset({"exp_avg", "exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"})  # full or factored V
 
 
 def dense_placeholder(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -49,7 +50,9 @@ def dtensor_layout(p: torch.Tensor, st: dict, mat: LowRankMatrix | None, *, pend
     Empty unless ``p`` is a sharded DTensor. Dense AdamW moments share the param's layout.
     A row-sharded matrix (see the table in :mod:`~logra_lightning.optim.sharding`): right
     sketch, ``Q`` rows ``Shard(0)`` of ``[n, r]`` and moments ``Shard(0)`` of ``[m, r]``;
-    left sketch, ``P`` rows ``Shard(0)`` of ``[m, r]`` and moments ``Shard(1)`` of ``[r, n]``.
+    left sketch, ``P`` rows ``Shard(0)`` of ``[m, r]`` and moments ``Shard(1)`` of ``[r, n]``. A
+    factored second moment (LoGRA choice 8): the ``[m]`` (right) or ``[n]`` (left) factor is sharded
+    like the moments' rows or columns, the ``[r]`` factor is replicated.
 
     Args:
         p: the param; st: its state; mat: its low-rank view (``None`` for a dense param).
@@ -78,9 +81,14 @@ def dtensor_layout(p: torch.Tensor, st: dict, mat: LowRankMatrix | None, *, pend
             "accumulated sketches of sharded matrices are partial sums over ranks and cannot be saved as "
             "shards. Save after optimizer.step() (Lightning's checkpoints are taken there)."
         )
+    replicate = tuple(Replicate() for _ in placements)
     if mat.side == "right":
-        return {"basis": (shard(0), (n, r)), **{k: (shard(0), (m, r)) for k in ("exp_avg", "exp_avg_sq")}}
-    return {"basis": (shard(0), (m, r)), **{k: (shard(1), (r, n)) for k in ("exp_avg", "exp_avg_sq")}}
+        layout = {"basis": (shard(0), (n, r)), "exp_avg": (shard(0), (m, r)), "exp_avg_sq": (shard(0), (m, r)),
+                  "exp_avg_sq_row": (shard(0), (m,)), "exp_avg_sq_col": (replicate, (r,))}  # fmt: skip
+    else:
+        layout = {"basis": (shard(0), (m, r)), "exp_avg": (shard(1), (r, n)), "exp_avg_sq": (shard(1), (r, n)),
+                  "exp_avg_sq_row": (replicate, (r,)), "exp_avg_sq_col": (shard(0), (n,))}  # fmt: skip
+    return {k: v for k, v in layout.items() if k in st}
 
 
 def with_dtensors(st: dict[str, Any], p: torch.Tensor, layout: Layout) -> dict[str, Any]:
@@ -114,7 +122,8 @@ def restored_states(
 
     Raises:
         ValueError: a saved low-rank state tensor has another shape than here (e.g. another ``rank``,
-            or a whole-matrix checkpoint loaded into a sharded run without DCP).
+            or a whole-matrix checkpoint loaded into a sharded run without DCP), or the checkpoint
+            keeps the second moment otherwise (another ``second_moment``).
     """
     keys = [k for g in state_dict["param_groups"] for k in g["params"]]
     by_key = dict(zip(keys, zip(params, names)))
@@ -127,11 +136,60 @@ def restored_states(
             if int(st.get("step", 1)) == 0:
                 continue  # the placeholder of a dense param that had not stepped: it still has no state
         else:
+            ours_keys, saved_keys = set(previous.get(p, {})) & MOMENT_KEYS, set(st) & MOMENT_KEYS
+            if ours_keys and ours_keys != saved_keys:
+                raise ValueError(
+                    f"LoGRA.load_state_dict: {name!r} has moment state {sorted(saved_keys)} in the checkpoint "
+                    f"but {sorted(ours_keys)} here (same second_moment needed)"
+                )
             for k, ours in previous.get(p, {}).items():
-                if k in ("basis", "exp_avg", "exp_avg_sq") and st[k].shape != ours.shape:
+                if k in ("basis", *MOMENT_KEYS) and st[k].shape != ours.shape:
                     raise ValueError(
                         f"LoGRA.load_state_dict: {name!r} has {k} of shape {tuple(st[k].shape)} in the "
                         f"checkpoint but {tuple(ours.shape)} here (same rank, side and sharding needed)"
                     )
         out.append((p, st))
     return out
+
+
+class Checkpointing:
+    """``state_dict`` / ``load_state_dict`` of :class:`~logra_lightning.optim.LoGRA` (one of its bases).
+
+    Uses the optimizer's ``_params()``, ``_names()``, ``_matrices`` (``id(p)`` -> low-rank view),
+    ``_sketches``, ``_touched`` and ``_reset_candidate()``; ``super()`` is ``torch.optim.Optimizer``.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """``Optimizer.state_dict()`` with every param listed and, under FSDP2, sharded state as DTensors.
+
+        Ready for ``torch.save`` and distributed checkpointing (the format: this module's docstring).
+
+        Raises:
+            RuntimeError: under FSDP2 between backward and ``step()`` (partial sums over ranks; Lightning
+                checkpoints after ``step()``).
+        """
+        sd = super().state_dict()
+        state = sd["state"]  # keyed by position in param-group order; values are our live dicts: copy, don't edit
+        for idx, p in enumerate(self._params()):
+            mat = self._matrices.get(id(p))
+            if idx not in state and mat is None:
+                state[idx] = dense_placeholder(local(p))
+            if idx in state:
+                layout = dtensor_layout(p, state[idx], mat, pending_sketch=id(p) in self._sketches)
+                state[idx] = with_dtensors(state[idx], p, layout)
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` wrote, saved whole or through DCP (:func:`restored_states`).
+
+        Raises:
+            ValueError: a saved low-rank state tensor has another shape than here (another ``rank``, side or
+                sharding), or the second moment is kept otherwise (another ``second_moment``).
+        """
+        previous = self.state
+        super().load_state_dict({**state_dict, "state": {}})  # checks group sizes, restores hyperparameters
+        self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        for p, st in restored_states(state_dict, self._params(), self._names(), self._matrices, previous):
+            self.state[p] = st
+        self._reset_candidate()
+        self._touched.clear()

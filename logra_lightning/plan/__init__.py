@@ -20,9 +20,11 @@ from logra_lightning.plan.memory import (
     saved_activation_bytes,
 )  # fmt: skip
 from logra_lightning.plan.optimizers import OPTIMIZERS, OptimizerTerms, adamw_terms, logra_terms
-from logra_lightning.plan.setup import ADAMW_IMPLS, PRECISIONS, GiB, PlanError, PlanSetup, check_rank
+from logra_lightning.plan.setup import (
+    ADAMW_IMPLS, PRECISIONS, SECOND_MOMENTS, STATE_BYTES, GiB, PlanError, PlanSetup, check_rank,
+)  # fmt: skip
 
-__all__ = ["ADAMW_IMPLS", "ENGINE_BYTES", "OPTIMIZERS", "PHASES", "PRECISIONS", "GiB", "OptimizerTerms", "PlanError",
-           "PlanSetup", "activation_phases", "adamw_terms", "build_parser", "check_rank", "engine_bytes",
-           "format_table", "fsdp_phases", "layer_activation_bytes", "logra_terms", "main", "plan", "plan_optimizer",
-           "saved_activation_bytes"]  # fmt: skip
+__all__ = ["ADAMW_IMPLS", "ENGINE_BYTES", "OPTIMIZERS", "PHASES", "PRECISIONS", "SECOND_MOMENTS", "STATE_BYTES", "GiB",
+           "OptimizerTerms", "PlanError", "PlanSetup", "activation_phases", "adamw_terms", "build_parser",
+           "check_rank", "engine_bytes", "format_table", "fsdp_phases", "layer_activation_bytes", "logra_terms",
+           "main", "plan", "plan_optimizer", "saved_activation_bytes"]  # fmt: skip

@@ -24,11 +24,14 @@ element (4 for fp32, 2 for bf16):
 * gradients alive after backward: AdamW every sharded gradient; LoGRA only the dense group's
   (biases, norms): low-rank gradients are sketched and freed in their post-accumulate hook.
 * optimizer state: AdamW ``exp_avg``/``exp_avg_sq`` in the parameter dtype + an fp32 ``step``;
-  LoGRA per low-rank ``[m, n]`` matrix, all fp32, right side (``m <= n``, embeddings, and MoE
+  LoGRA per low-rank ``[m, n]`` matrix, right side (``m <= n``, embeddings, and MoE
   experts ``[E, m', n]`` as one ``[E m', n]`` matrix):
-  basis ``[n/N, r]``, ``exp_avg``/``exp_avg_sq`` ``[m/N, r]``; left side: basis
-  ``[m/N, r]``, moments ``[r, n/N]``; int64 ``step`` and ``seed``. The gradient sketch (``[m/N, r]``
-  or ``[r, n]``) exists only from backward to the step and is counted with the transients. Dense
+  basis ``[n/N, r]`` (bf16 by default, ``logra_basis_dtype``), ``exp_avg`` ``[m/N, r]`` (bf16 by
+  default, ``logra_exp_avg_dtype``), fp32 ``exp_avg_sq`` ``[m/N, r]``, or its factors ``[m/N]`` +
+  ``[r]`` (``logra_second_moment``: ``"auto"`` factors it for embeddings and experts with
+  ``m > n``, as ``optim/sketch.factored_second_moment_wanted``); left side: basis ``[m/N, r]``,
+  moments ``[r, n/N]`` (factored: ``[r]`` + ``[n/N]``); int64 ``step`` and ``seed``. The gradient
+  sketch (``[m/N, r]`` or ``[r, n]``) exists only from backward to the step and is counted with the transients. Dense
   group: fp32 AdamW moments + int64 ``step`` (what ``optim/logra.py`` allocates).
 * activations saved per token per decoder layer (counted tensor by tensor on HF Qwen2, Qwen3,
   Gemma 3, Phi-3 and Qwen3-MoE in ``tests/test_plan.py``): each RMSNorm before a linear ``(4 + 2c) h + 4`` (fp32

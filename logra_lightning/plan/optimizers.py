@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from logra_lightning.model_shapes import Architecture, Matrix
-from logra_lightning.plan.setup import PlanSetup, shard
+from logra_lightning.plan.setup import STATE_BYTES, PlanSetup, shard
 
 @dataclass
 class OptimizerTerms:
@@ -20,22 +20,28 @@ class OptimizerTerms:
     step_temporaries: int
 
 
-def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int) -> dict[str, int]:
+def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int, second_moment: str = "auto") -> dict[str, int]:
     """Elements per rank of one LoGRA matrix, laid out as ``optim/logra.py`` and ``optim/sharding.py`` do.
 
     The side comes from the global shape (right if ``m <= n``; embeddings and experts always right). Under
     FSDP2 every state tensor is sharded: right: basis rows ``[n_j, r]`` (all-gathered to ``[n, r]``
     in the hook and from ``prepare_update`` to the update), moments ``[m_i, r]``; left: basis
     ``[m_i, r]``, moments ``[r, n_j]``. The gradient sketch (``[m_i, r]`` right, ``[r, n]`` left: the
-    partial ``P_i.T G_i``) lives only from backward to the step, like a gradient.
+    partial ``P_i.T G_i``) lives only from backward to the step, like a gradient. ``basis`` and
+    ``exp_avg`` count elements of those tensors, ``second`` the fp32 second moment's: full (the
+    shape of ``exp_avg``) or factored (``[m_i]`` + ``[r]`` right, ``[r]`` + ``[n_j]`` left; the
+    ``[r]`` factor is whole on every rank).
     """
     rows, cols, sharded = shard(m.rows, n_gpus), shard(m.cols, n_gpus), n_gpus > 1
-    if m.embedding or m.expert or m.rows <= m.cols:
-        return dict(state=cols * rank + 2 * rows * rank, sketch=rows * rank, moment=rows * rank, direction=rows * rank,
-                    range=m.cols * k, omega=rows * k, held_basis=m.cols * rank if sharded else 0,
-                    refresh_input=m.cols * k)  # fmt: skip
-    return dict(state=rows * rank + 2 * rank * cols, sketch=rank * m.cols, moment=rank * cols, direction=rank * m.cols,
-                range=rows * k, omega=m.cols * k, held_basis=0, refresh_input=m.rows * k)  # fmt: skip
+    right = m.embedding or m.expert or m.rows <= m.cols
+    factored = second_moment == "factored" or (second_moment == "auto" and right and m.rows > m.cols)
+    if right:
+        return dict(basis=cols * rank, exp_avg=rows * rank, second=rows + rank if factored else rows * rank,
+                    sketch=rows * rank, moment=rows * rank, direction=rows * rank, range=m.cols * k, omega=rows * k,
+                    held_basis=m.cols * rank if sharded else 0, refresh_input=m.cols * k)  # fmt: skip
+    return dict(basis=rows * rank, exp_avg=rank * cols, second=rank + cols if factored else rank * cols,
+                sketch=rank * m.cols, moment=rank * cols, direction=rank * m.cols, range=rows * k, omega=m.cols * k,
+                held_basis=0, refresh_input=m.rows * k)  # fmt: skip
 
 
 def _tied_grad_copies(arch: Architecture, setup: PlanSetup) -> int:
@@ -66,9 +72,11 @@ def logra_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:
     n, r, k, g = setup.gpus, setup.rank, setup.rank + setup.oversample, setup.param_bytes
     state = held = ranges = step_max = 0
     transient = {"root": 0, "layer": 0}
+    mode = setup.logra_second_moment
+    basis_b, avg_b = STATE_BYTES[setup.logra_basis_dtype], STATE_BYTES[setup.logra_exp_avg_dtype]
     for m in arch.matrices():
-        lay = _lowrank_layout(m, r, k, n)
-        state += m.count * (4 * lay["state"] + 16)  # fp32 tensors + int64 step and seed
+        lay = _lowrank_layout(m, r, k, n, mode)
+        state += m.count * (basis_b * lay["basis"] + avg_b * lay["exp_avg"] + 4 * lay["second"] + 16)  # + step, seed
         # gradient sketches (like gradients: alive from backward to the step, not optimizer state)
         # and, on refresh steps, range sketches
         ranges += m.count * 4 * (lay["range"] + lay["sketch"])

@@ -22,6 +22,8 @@ from logra_lightning.model_shapes import Architecture
 GiB = 1024**3
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
 ADAMW_IMPLS = ("foreach", "fused", "for-loop")
+STATE_BYTES = {"bfloat16": 2, "float32": 4}  # LoGRA's basis_dtype / exp_avg_dtype
+SECOND_MOMENTS = ("auto", "factored", "full")  # LoGRA's second_moment
 
 
 class PlanError(ConfigError):
@@ -39,7 +41,7 @@ class PlanSetup:
     """What is trained how. ``batch`` and ``rollout_batch`` are sequences per GPU.
 
     Each field is a ``logra plan`` flag (``seq_len`` -> ``--seq-len``) with the help text in its
-    metadata (:mod:`logra_lightning.plan_cli`), except ``oversample``.
+    metadata (:mod:`logra_lightning.plan.cli`), except ``oversample``.
 
     Raises:
         PlanError: a field out of range (the message names it and the allowed values).
@@ -60,6 +62,10 @@ class PlanSetup:
     reserve_gb: float = _field(2.0, "CUDA context and NCCL buffers, GiB")
     allocator_slack: float = _field(0.0, "fraction the allocator holds on top of the live training tensors (cached free "
                                     "blocks, fragmentation); 0 = live bytes, as max_memory_allocated")  # fmt: skip
+    logra_second_moment: str = _field("auto", "LoGRA's second_moment (auto: factored for embeddings and experts)",
+                                      choices=SECOND_MOMENTS)  # fmt: skip
+    logra_basis_dtype: str = _field("bfloat16", "LoGRA's basis_dtype", choices=tuple(STATE_BYTES))
+    logra_exp_avg_dtype: str = _field("bfloat16", "LoGRA's exp_avg_dtype", choices=tuple(STATE_BYTES))
 
     def __post_init__(self) -> None:
         for key in ("gpus", "rank", "batch", "seq_len", "engine_tp"):
@@ -76,6 +82,12 @@ class PlanSetup:
             raise PlanError(f"allocator_slack={self.allocator_slack!r} must be a fraction in [0, 10) (0.1 = 10%)")
         if self.precision not in PRECISIONS:
             raise PlanError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.logra_second_moment not in SECOND_MOMENTS:
+            allowed = ", ".join(SECOND_MOMENTS)
+            raise PlanError(f"logra_second_moment={self.logra_second_moment!r} is not one of {allowed}")
+        for key in ("logra_basis_dtype", "logra_exp_avg_dtype"):
+            if getattr(self, key) not in STATE_BYTES:
+                raise PlanError(f"{key}={getattr(self, key)!r} is not one of {', '.join(STATE_BYTES)}")
         if self.adamw_impl not in ADAMW_IMPLS:
             raise PlanError(f"adamw_impl={self.adamw_impl!r} is not one of {', '.join(ADAMW_IMPLS)}")
         if self.colocate_engine and self.gpus % self.engine_tp:

@@ -1,0 +1,45 @@
+"""Give freed host (CPU) memory back to the OS during backward and after a step (docs/design.md §2).
+
+glibc's malloc keeps freed heap chunks resident: once an mmapped chunk of up to 32 MiB has
+been freed, its dynamic mmap threshold rises to that size, and from then on every tensor
+smaller than it (activations, gradients, sketches, Adam temporaries) comes from the heap,
+whose freed pages stay in the process's RSS. On the ~100M benchmark
+(``benchmarks/memory_breakdown.py``) the peak RSS was 28% above the live tensor bytes.
+``malloc_trim(0)`` returns the free pages of every arena to the OS;
+:class:`~logra_lightning.optim.LoGRA` (``release_host_memory=True``, the default) calls it in
+each sketch hook, right after it freed a gradient, so what backward freed so far is gone before
+the tied embedding's gradients peak, and at the end of ``step()``, when the step's sketches,
+candidate updates and refresh buffers are gone.
+
+Elsewhere (musl, macOS, Windows) :func:`trim` does nothing and returns ``False``. Tensors on a
+GPU are untouched (the CUDA caching allocator keeps its own pool; this only trims host memory).
+
+Example::
+
+    >>> isinstance(trim(), bool)
+    True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+def trim() -> bool:
+    """Return free heap pages to the OS (``malloc_trim(0)``); ``True`` if any memory was released."""
+    fn = _malloc_trim()
+    return bool(fn(0)) if fn is not None else False
