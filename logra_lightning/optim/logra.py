@@ -62,6 +62,16 @@ Choices and departures (numbered, as promised by the house style):
    not pick have zero sketch rows (like Adam, they move only by momentum), as with
    embeddings. A left sketch would give all experts together one rank-r update.
    Under FSDP2 (sharded by experts) the number of experts must divide by the group size.
+8. **Low-precision weights** (``trainer.precision: bf16-true``; moments, bases and sketches
+   stay fp32): the update is computed in fp32 and added with one rounding, by the rule
+   ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): ``"nearest"`` loses every entry
+   whose update is below half a bf16 ulp of its weight (counted in ``lost_updates`` out of
+   ``low_precision_updates``); ``"stochastic"`` rounds up or down without bias (random bits
+   from ``(seed, step, param index)``, so a resumed run rounds the same way; no extra memory);
+   ``"kahan"`` keeps the rounding error in a bf16 buffer ``bf16_comp`` in the state (2 bytes
+   per weight) and adds it back next step. Measured on the RL task (README, bf16 row):
+   MEASURED_ANSWER. The other answer, fp32 master weights with bf16 autocast, is Lightning's
+   ``bf16-mixed`` and needs nothing here.
 
 Example::
 
@@ -85,6 +95,7 @@ from typing import Any, Callable
 import torch
 
 from logra_lightning.optim import sharding as sh
+from logra_lightning.optim import rounding
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.groups import normalize_params, split_named_params
 from logra_lightning.sync_wire import LowRankUpdate
@@ -164,6 +175,9 @@ class LoGRA(torch.optim.Optimizer):
             hook (default). ``False``: keep full grads and project in ``step`` (GaLore-style).
         include, exclude: regexes for the automatic split (only with ``rank``).
         seed: base seed of the initial bases and range-sketch test matrices.
+        bf16_update: how the fp32 update is added to bf16/fp16 weights (choice 8):
+            ``"nearest"``, ``"stochastic"`` (bf16 only) or ``"kahan"``. fp32 weights are
+            updated in fp32 whatever this says.
 
     Raises:
         ValueError: a hyperparameter out of range, ``rank`` larger than a matrix's
@@ -198,7 +212,10 @@ class LoGRA(torch.optim.Optimizer):
         include=None,
         exclude=None,
         seed: int = 0,
+        bf16_update: str = "nearest",
     ) -> None:
+        if bf16_update not in rounding.MODES:
+            raise ValueError(f"Invalid bf16_update: {bf16_update!r} (allowed: {', '.join(rounding.MODES)})")
         _validate_hparams(lr, betas, eps, weight_decay, update_proj_gap, scale, side, refresh, oversample, rank)
         groups = normalize_params(params)
         if rank is not None and not any("rank" in g for g in groups):
@@ -216,6 +233,9 @@ class LoGRA(torch.optim.Optimizer):
         )  # fmt: skip
         self.sketch_in_backward = bool(sketch_in_backward)
         self.seed = int(seed)
+        self.bf16_update = bf16_update
+        self.lost_updates = 0  # bf16/fp16 weight entries whose nonzero update rounded to no change
+        self.low_precision_updates = 0  # bf16/fp16 weight entries updated
         self.skipped_refreshes = 0
         self.skipped_updates = 0
         self.record_updates = False
@@ -553,7 +573,10 @@ class LoGRA(torch.optim.Optimizer):
         if coef == 0.0:
             return
         if pend["u"] is None:
-            w.add_(self._dense_direction(p, group).to(w.dtype), alpha=-lr * coef)
+            if w.dtype in (torch.float32, torch.float64):
+                w.add_(self._dense_direction(p, group).to(w.dtype), alpha=-lr * coef)
+            else:
+                self._add_low_precision(p, w, self._dense_direction(p, group).mul_(-lr * coef))
             return
         w = _matrix(w)  # [m, n]
         u, basis, side = pend["u"], pend.get("basis", self.state[p]["basis"]), pend["side"]
@@ -564,7 +587,23 @@ class LoGRA(torch.optim.Optimizer):
             else:
                 w.addmm_(basis, u, alpha=alpha)  # [m, r] @ [r, n]
         else:
-            w.add_(sk.lowrank_delta(u, basis, side).mul_(alpha).to(w.dtype))
+            self._add_low_precision(p, w, sk.lowrank_delta(u, basis, side).mul_(alpha))
+
+    def _add_low_precision(self, p: torch.Tensor, w: torch.Tensor, delta: torch.Tensor) -> None:
+        """``w += delta`` for bf16/fp16 weights with the ``bf16_update`` rule (choice 8); counts lost entries."""
+        if self.bf16_update == "kahan":
+            comp = self.state[p].setdefault("bf16_comp", torch.zeros_like(w))
+            new, comp_new = rounding.add_kahan(w, delta, comp)
+            comp.copy_(comp_new)
+        elif self.bf16_update == "stochastic" and w.dtype == torch.bfloat16:
+            step = int(self.state[p].get("step", 0))
+            gen = torch.Generator().manual_seed(sk.mix_seed(sk.mix_seed(self.seed, 0x5EED), step, self._param_index[id(p)]))
+            new = rounding.add_stochastic(w, delta, gen)
+        else:
+            new = rounding.add_nearest(w, delta)
+        self.lost_updates += rounding.lost_updates(w, new, delta)
+        self.low_precision_updates += delta.numel()
+        w.copy_(new)
 
     @torch.no_grad()
     def perturb_(self, alpha: float) -> None:
