@@ -41,6 +41,11 @@ Departures from the issue-3 wording:
 2. GaLore and APOLLO project attention/MLP matrices only (their usual setup; embeddings
    dense), LoGRA also projects the tied embedding (its default, ``logra_dense_embed`` shows
    the other choice).
+3. bf16 rows (issue 18; each row's ``precision``): ``logra_bf16_*`` and ``adamw_bf16`` cast the
+   model to bf16 (weights, grads and activations bf16; LoGRA's moments and bases stay fp32,
+   AdamW's moments are bf16); ``adamw_bf16_mixed`` keeps fp32 weights and runs forward and
+   backward under ``torch.autocast("cpu", bfloat16)``. This CPU has no bf16 matrix instructions
+   (no AVX512-BF16/AMX), so bf16 step times here say little about a GPU; memory does.
 """
 
 from __future__ import annotations
@@ -66,7 +71,12 @@ RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
        "quick": dict(seq=32, batch=2, rank=8, warmup=1, steps=3, threads=1)}  # fmt: skip
 RUN_OVERRIDES = {"400m": dict(steps=2)}
 ROWS = ["adamw", "logra", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
-        "adamw8bit_torchao", "floor_grads", "floor_nograd"]  # fmt: skip
+        "adamw8bit_torchao", "floor_grads", "floor_nograd",
+        "logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16"]  # fmt: skip
+# Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
+# "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
+PRECISION = {"logra_bf16_stochastic": "bf16", "logra_bf16_kahan": "bf16", "adamw_bf16": "bf16",
+             "adamw_bf16_mixed": "bf16-mixed"}  # fmt: skip
 SIZES = {"full": {"25m": ROWS, "100m": ROWS, "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd"]},
          "quick": {"quick": ROWS}}  # fmt: skip
 DESCRIPTION = {
@@ -80,6 +90,10 @@ DESCRIPTION = {
     "adamw8bit_torchao": "torchao.optim.AdamW8bit (8-bit moments as tensor subclass, torch.compile'd step)",
     "floor_grads": "no optimizer: full grads materialized, then dropped after backward",
     "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
+    "logra_bf16_stochastic": "LoGRA rank r on bf16 weights (no fp32 copy), update added with stochastic rounding",
+    "logra_bf16_kahan": "LoGRA rank r on bf16 weights, update added with Kahan compensation (bf16 buffer in state)",
+    "adamw_bf16_mixed": "torch.optim.AdamW on fp32 master weights, forward/backward under bf16 autocast",
+    "adamw_bf16": "torch.optim.AdamW on bf16 weights (grads and moments bf16, round to nearest)",
 }
 TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
            "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15}  # fmt: skip
@@ -110,8 +124,11 @@ def make_optimizer(name: str, model, rank: int):
     from logra_lightning.optim import LoGRA, logra_param_groups
 
     hp = dict(lr=1e-5, weight_decay=0.0)
-    if name == "adamw":
+    if name in ("adamw", "adamw_bf16_mixed", "adamw_bf16"):
         return torch.optim.AdamW(model.parameters(), **hp)
+    if name in ("logra_bf16_stochastic", "logra_bf16_kahan"):
+        rule = name.rsplit("_", 1)[1]
+        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), bf16_update=rule, **hp)
     if name == "logra":
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), **hp)
     if name == "logra_dense_embed":
@@ -224,6 +241,10 @@ def worker(name: str, size: str, run: dict) -> dict:
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
     model = _build_model(cfg, run["seq"])
+    precision = PRECISION.get(name, "fp32")
+    if precision == "bf16":
+        model.to(torch.bfloat16)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     opt = make_optimizer(name, model, run["rank"])
     walls, cpus, opt_walls, warm_peak, grads_after_backward = [], [], [], 0, None
     for i, ids in enumerate(data):
@@ -231,7 +252,8 @@ def worker(name: str, size: str, run: dict) -> dict:
             warm_peak = proc_memory()["VmHWM"]
             reset_peak_rss()
         t0, c0 = time.perf_counter(), time.process_time()
-        loss = model(input_ids=ids, labels=ids).loss
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if grads_after_backward is None:
             grads_after_backward = grad_bytes(model)
@@ -248,6 +270,7 @@ def worker(name: str, size: str, run: dict) -> dict:
     w = run["warmup"]
     return {
         "name": name, "size": size, "description": DESCRIPTION[name], "ok": True, "threads": run["threads"],
+        "precision": precision,
         "params": sum(p.numel() for p in model.parameters()),
         "loss_last": float(loss.detach()),
         "param_bytes": param_bytes(model),
@@ -262,6 +285,8 @@ def worker(name: str, size: str, run: dict) -> dict:
         "step_cpu_s_median": statistics.median(cpus[w:]),
         "opt_step_time_s_median": statistics.median(opt_walls[w:]),
         "step_times_s": [round(t, 4) for t in walls],
+        **({"lost_updates": opt.lost_updates, "low_precision_updates": opt.low_precision_updates}
+           if hasattr(opt, "lost_updates") else {}),
         "load_before": load_before, "load_after": load_average(),
     }  # fmt: skip
 
@@ -355,7 +380,7 @@ def main(argv=None) -> dict:
             "command": command, "complete": complete, "machine": machine_info(),
             "load_start": load_start, "load_end": load_average(), "wall_seconds": round(time.time() - started, 1),
             "run": {**RUN[mode], "threads": args.threads or RUN[mode]["threads"], "repeat": args.repeat,
-                    "overrides": RUN_OVERRIDES if mode == "full" else {}, "dtype": "float32",
+                    "overrides": RUN_OVERRIDES if mode == "full" else {}, "dtype": "float32 unless the row's precision says otherwise",
                     "activation_checkpointing": True, "tie_word_embeddings": True, "lr": 1e-5},
             "shapes": {s: shape_config(s) for s in merged},
             "targets": TARGETS,

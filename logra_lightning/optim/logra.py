@@ -88,6 +88,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import warnings
 from typing import Any, Callable
@@ -130,6 +132,26 @@ def _side(group: dict, p: torch.Tensor) -> str:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (FSDP2), else the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _autocast_off() -> contextlib.ExitStack:
+    """Autocast switched off where it is on. Lightning's ``bf16-mixed`` runs a manual-optimization
+    ``training_step`` (backward hooks and ``optimizer.step()`` included) under autocast, which would
+    compute sketches, moments and updates in bf16; they are fp32 by design."""
+    stack = contextlib.ExitStack()
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
+
+
+def _outside_autocast(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _autocast_off():
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _validate_hparams(lr, betas, eps, weight_decay, update_proj_gap, scale, side, refresh, oversample, rank) -> None:
@@ -386,6 +408,7 @@ class LoGRA(torch.optim.Optimizer):
         self._touched.add(id(p))
 
     @torch.no_grad()
+    @_outside_autocast
     def _sketch_hook(self, p: torch.Tensor) -> None:
         if p.grad is None:
             return
@@ -405,6 +428,7 @@ class LoGRA(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ two phases
     @torch.no_grad()
+    @_outside_autocast
     def prepare_update(self) -> None:
         """Advance step counts and moments and hold the candidate update Δ. Idempotent until applied."""
         if self._prepared:
@@ -541,6 +565,7 @@ class LoGRA(torch.optim.Optimizer):
             raise RuntimeError(f"{what} needs a candidate update: call opt.prepare_update() after backward first")
 
     @torch.no_grad()
+    @_outside_autocast
     def update_max_abs(self) -> float:
         """Max ``|element|`` of the scale-1 candidate update Δ (incl. weight decay) over all params."""
         self._require_prepared("update_max_abs()")
@@ -606,6 +631,7 @@ class LoGRA(torch.optim.Optimizer):
         w.copy_(new)
 
     @torch.no_grad()
+    @_outside_autocast
     def perturb_(self, alpha: float) -> None:
         """In place ``W += alpha * Δ`` for every param with a candidate; ``+a`` then ``-a`` restores W."""
         self._require_prepared("perturb_()")
@@ -630,8 +656,9 @@ class LoGRA(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.prepare_update()
-        self._apply(self._step_scale)
+        with _autocast_off():
+            self.prepare_update()
+            self._apply(self._step_scale)
         self._step_scale = 1.0
         return loss
 
