@@ -106,3 +106,26 @@ def test_logra_with_bf16_weights_applies_its_update_with_the_rule(mode):
         assert opts[1].lost_updates > 0.5 * opts[1].low_precision_updates  # lr 1e-4 on weights ~0.1: mostly lost
     with pytest.raises(ValueError, match="Invalid bf16_update: 'up'"):
         LoGRA(list(fp32.named_parameters()), rank=4, bf16_update="up")
+
+
+def test_logra_under_bf16_autocast_keeps_fp32_sketches_and_updates():
+    """Lightning's bf16-mixed runs backward and step() inside autocast; LoGRA's own math must stay fp32."""
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [LoGRA(list(m.named_parameters()), lr=1e-3, rank=4, update_proj_gap=2) for m in models]
+    x = torch.randn(16, 32)
+    for _ in range(3):
+        for i, (model, opt) in enumerate(zip(models, opts)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()
+                if i == 1:  # as under Lightning: backward and step inside the autocast region
+                    loss.backward()
+                    opt.step()
+            if i == 0:
+                loss.backward()
+                opt.step()
+            opt.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
