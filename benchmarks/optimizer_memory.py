@@ -46,6 +46,8 @@ Departures from the issue-3 wording:
    AdamW's moments are bf16); ``adamw_bf16_mixed`` keeps fp32 weights and runs forward and
    backward under ``torch.autocast("cpu", bfloat16)``. This CPU has no bf16 matrix instructions
    (no AVX512-BF16/AMX), so bf16 step times here say little about a GPU; memory does.
+4. ``lora``: LoRA at LoGRA's rank (PEFT, every attention/MLP matrix, embeddings frozen); its
+   ``param_bytes`` include the frozen base weights and the factors.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
 RUN_OVERRIDES = {"400m": dict(steps=2)}
 ROWS = ["adamw", "logra", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
         "adamw8bit_torchao", "floor_grads", "floor_nograd",
-        "logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16"]  # fmt: skip
+        "logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16", "lora"]  # fmt: skip
 # Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
 # "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
 PRECISION = {"logra_bf16_stochastic": "bf16", "logra_bf16_kahan": "bf16", "adamw_bf16": "bf16",
@@ -94,6 +96,7 @@ DESCRIPTION = {
     "logra_bf16_kahan": "LoGRA rank r on bf16 weights, update added with Kahan compensation (bf16 buffer in state)",
     "adamw_bf16_mixed": "torch.optim.AdamW on fp32 master weights, forward/backward under bf16 autocast",
     "adamw_bf16": "torch.optim.AdamW on bf16 weights (grads and moments bf16, round to nearest)",
+    "lora": "LoRA (PEFT) rank r, alpha 2r, on every attention/MLP matrix; torch.optim.AdamW on the factors",
 }
 TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
            "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15}  # fmt: skip
@@ -126,6 +129,8 @@ def make_optimizer(name: str, model, rank: int):
     hp = dict(lr=1e-5, weight_decay=0.0)
     if name in ("adamw", "adamw_bf16_mixed", "adamw_bf16"):
         return torch.optim.AdamW(model.parameters(), **hp)
+    if name == "lora":  # the adapter was attached in worker(); only the factors are trainable
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **hp)
     if name in ("logra_bf16_stochastic", "logra_bf16_kahan"):
         rule = name.rsplit("_", 1)[1]
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), bf16_update=rule, **hp)
@@ -206,7 +211,7 @@ def deep_state_bytes(optimizer) -> int:
 
 
 PEER_MODULES = {"galore": "galore_torch", "apollo": "apollo_torch", "adamw8bit_bnb": "bitsandbytes",
-                "adamw8bit_torchao": "torchao.optim"}  # fmt: skip
+                "adamw8bit_torchao": "torchao.optim", "lora": "peft"}  # fmt: skip
 
 
 def _tensor_only_state_bytes(opt) -> int | str:
@@ -241,6 +246,10 @@ def worker(name: str, size: str, run: dict) -> dict:
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
     model = _build_model(cfg, run["seq"])
+    if name == "lora":
+        from logra_lightning.adapters import LoRA
+
+        model = LoRA(rank=run["rank"], alpha=2 * run["rank"]).attach(model)
     precision = PRECISION.get(name, "fp32")
     if precision == "bf16":
         model.to(torch.bfloat16)

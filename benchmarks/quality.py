@@ -22,7 +22,12 @@ steps, and after the last step (``val/accuracy`` in TensorBoard, ``summary.json`
   attention/MLP matrix) with ``torch.optim.AdamW`` on the factors, at the lr of
   ``configs/arithmetic_tiny_lora.yaml`` (``--lora-lr``; LoRA wants a larger lr than full
   fine-tuning). r16 is LoGRA r16's rank; r8 is the rank whose params + grads + optimizer state
-  match LoGRA r16's training tensors on this policy (15.7 MB vs 15.5 MB, counted exactly).
+  match LoGRA r16's training tensors on this policy (15.7 MB vs 15.5 MB, counted exactly);
+* with ``--bf16`` (issue 18's bf16 row; not in the default set): weights held at bf16 values,
+  each step's update rounded by a rule (:class:`benchmarks.bf16_weights.BF16Weights`; forward in
+  fp32, see there why): ``logra_r{R}_bf16w_{nearest,stochastic,kahan}`` and
+  ``adamw_bf16w_nearest`` (R = the largest of ``--ranks`` that is <= 16). The fp32-master
+  answer is the plain ``adamw`` / ``logra_r{R}`` rows.
 
 Defaults are read, not hard-coded: ``lr``/``max_steps``/``val_check_interval`` from the AdamW
 config (``--config``); the LoGRA rows' ``lr`` and ``update_proj_gap`` from the first LoGRA
@@ -66,6 +71,14 @@ LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MEMORY_MONITOR = [{"class_path": "logra_lightning.callbacks.MemoryMonitor"}]
+
+
+def row_callbacks(row: str) -> list[dict]:
+    """Callbacks of a row: MemoryMonitor, plus the bf16 weight rounding of a ``*_bf16w_<rule>`` row."""
+    if "_bf16w_" not in row:
+        return MEMORY_MONITOR
+    return MEMORY_MONITOR + [{"class_path": "benchmarks.bf16_weights.BF16Weights",
+                              "init_args": {"rule": row.rsplit("_", 1)[1]}}]  # fmt: skip
 QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
 JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -114,6 +127,12 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float |
         "class_path": "benchmarks.galore_named.GaLoreAdamWNamed",
         "init_args": {"lr": logra_lr, "rank": args.galore_rank, "update_proj_gap": gap, "scale": 1.0},
     }
+    if getattr(args, "bf16", False):
+        r = max([x for x in args.ranks if x <= 16] or [16])
+        for rule in ("nearest", "stochastic", "kahan"):
+            rows[f"logra_r{r}_bf16w_{rule}"] = {"class_path": "logra_lightning.optim.LoGRA",
+                                                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap}}  # fmt: skip
+        rows["adamw_bf16w_nearest"] = {**rows["adamw"]}
     for r in getattr(args, "lora_ranks", None) or []:
         rows[f"lora_r{r}"] = {"class_path": "torch.optim.AdamW", "init_args": {"lr": lora_lr or adamw_lr, "weight_decay": 0.0}}
     if args.rows:
@@ -169,7 +188,7 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
     """One ``logra fit`` of a row and seed on one torch thread: held-out accuracy, curves, step seconds, memory."""
     name = f"{row}_seed{seed}"
     res = logra_fit(name, config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed), *row_args(row)],
-                    optimizer=optimizer, callbacks=MEMORY_MONITOR, work_dir=work_dir, env=ONE_THREAD)  # fmt: skip
+                    optimizer=optimizer, callbacks=row_callbacks(row), work_dir=work_dir, env=ONE_THREAD)  # fmt: skip
     run = {"row": row, "seed": seed, "lr": optimizer["init_args"]["lr"], "ok": res["ok"],
            "seconds": res["seconds"], "load_before": res["load_before"], "load_after": res["load_after"],
            "command": res["command"]}  # fmt: skip
@@ -180,6 +199,8 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
                    reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
                    step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
                    **memory_fields(sc))  # fmt: skip
+        if "bf16/lost_share" in sc:
+            run["bf16_lost_share_mean"] = statistics.fmean(v for _, v in sc["bf16/lost_share"])
     else:
         run["error"] = res["error"]
     print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
@@ -211,6 +232,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--galore-rank", type=int, default=16)
     ap.add_argument("--lora-ranks", type=int, nargs="*", default=None, help="LoRA ranks (default 16 8; --quick: 8)")
     ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
+    ap.add_argument("--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)")
     ap.add_argument("--merge", action="store_true", help="keep the earlier results file's rows this run does not repeat")
     ap.add_argument("--jobs", type=int, default=None,
                     help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})")
