@@ -70,8 +70,11 @@ Choices and departures (numbered, as promised by the house style):
    from ``(seed, step, param index)``, so a resumed run rounds the same way; no extra memory);
    ``"kahan"`` keeps the rounding error in a bf16 buffer ``bf16_comp`` in the state (2 bytes
    per weight) and adds it back next step. Measured on the RL task (README, bf16 row):
-   MEASURED_ANSWER. The other answer, fp32 master weights with bf16 autocast, is Lightning's
-   ``bf16-mixed`` and needs nothing here.
+   at lr 1e-4 ``"nearest"`` lost 94.9% of the entries' updates and RL stalled (57.4% -> 66.4%
+   held-out accuracy in 100 steps), ``"stochastic"`` and ``"kahan"`` both reached 96.5%; use
+   ``"stochastic"`` (no extra memory). The other answer, fp32 master weights with bf16 autocast,
+   is Lightning's ``bf16-mixed``; the hook and the step run with autocast off, so the sketches,
+   moments and updates stay fp32 there.
 
 Example::
 
