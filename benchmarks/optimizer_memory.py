@@ -48,6 +48,13 @@ Departures from the issue-3 wording:
    that advantage.
    ``logra_prev`` is LoGRA with the storage and allocator behaviour from before issue 18 (fp32
    bases and first moments, full second moment everywhere, no trim).
+4. bf16 rows (issue 18, ~100M only; each row's ``precision``): ``logra_bf16_*`` and ``adamw_bf16``
+   cast the model to bf16 (weights, grads and activations bf16; LoGRA's moments and bases as
+   configured, AdamW's moments bf16); ``adamw_bf16_mixed`` keeps fp32 weights and runs forward and
+   backward under ``torch.autocast("cpu", bfloat16)``. This CPU has no bf16 matrix instructions
+   (no AVX512-BF16/AMX), so bf16 step times here say little about a GPU; memory does.
+5. ``lora``: LoRA at LoGRA's rank (PEFT, every attention/MLP matrix, embeddings frozen); its
+   ``param_bytes`` include the frozen base weights and the factors.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from benchmarks.common import (  # noqa: E402
     RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, run_worker, shape_config, write_result,
 )  # fmt: skip
 from benchmarks.optimizer_rows import (  # noqa: E402
-    DESCRIPTION, PEER_MODULES, ROWS, deep_state_bytes, make_optimizer, tensor_only_state_bytes,
+    BF16_ROWS, DESCRIPTION, PEER_MODULES, PRECISION, ROWS, deep_state_bytes, make_optimizer, tensor_only_state_bytes,
 )  # fmt: skip
 from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table  # noqa: E402
 
@@ -76,7 +83,8 @@ from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table  
 RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
        "quick": dict(seq=32, batch=2, rank=8, warmup=1, steps=3, threads=1)}  # fmt: skip
 RUN_OVERRIDES = {"400m": dict(steps=2)}
-SIZES = {"full": {"25m": ROWS, "100m": ROWS,
+ROW_OVERRIDES = {row: dict(steps=2) for row in BF16_ROWS}  # bf16 steps take minutes on this CPU (departure 4)
+SIZES = {"full": {"25m": ROWS, "100m": ROWS + BF16_ROWS,
                   "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim"]},
          "quick": {"quick": ROWS}}  # fmt: skip
 TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
@@ -118,6 +126,14 @@ def worker(name: str, size: str, run: dict) -> dict:
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
     model = _build_model(cfg, run["seq"])
+    if name == "lora":
+        from logra_lightning.adapters import LoRA
+
+        model = LoRA(rank=run["rank"], alpha=2 * run["rank"]).attach(model)
+    precision = PRECISION.get(name, "fp32")
+    if precision == "bf16":
+        model.to(torch.bfloat16)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     opt = make_optimizer(name, model, run["rank"])
     walls, cpus, opt_walls, warm_peak, grads_after_backward = [], [], [], 0, None
     for i, ids in enumerate(data):
@@ -125,7 +141,8 @@ def worker(name: str, size: str, run: dict) -> dict:
             warm_peak = proc_memory()["VmHWM"]
             reset_peak_rss()
         t0, c0 = time.perf_counter(), time.process_time()
-        loss = model(input_ids=ids, labels=ids).loss
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if grads_after_backward is None:
             grads_after_backward = grad_bytes(model)
@@ -144,6 +161,9 @@ def worker(name: str, size: str, run: dict) -> dict:
     w = run["warmup"]
     return {
         "name": name, "size": size, "description": DESCRIPTION[name], "ok": True, "threads": run["threads"],
+        "precision": precision,
+        **({"lost_updates": opt.lost_updates, "low_precision_updates": opt.low_precision_updates}
+           if hasattr(opt, "lost_updates") else {}),
         "params": sum(p.numel() for p in model.parameters()),
         "loss_last": float(loss.detach()),
         "param_bytes": param_bytes(model),
@@ -323,7 +343,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shape, all rows, < 2 min")
     ap.add_argument("--sizes", nargs="*", default=None, help="subset of the sizes (full: 25m 100m 400m)")
-    ap.add_argument("--rows", nargs="*", default=None, help=f"subset of {ROWS} (default: each size's row set)")
+    ap.add_argument("--rows", nargs="*", default=None, help=f"subset of {ROWS + BF16_ROWS} (default: each size's row set)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per row before it is recorded as failed")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/optimizer_memory[_quick].json)")
     ap.add_argument("--merge", action="store_true", help="keep the other sizes already in the results JSON")
@@ -337,7 +357,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     if args.worker:
-        run = {**RUN[mode], **RUN_OVERRIDES.get(args.worker_size, {})}
+        run = {**RUN[mode], **RUN_OVERRIDES.get(args.worker_size, {}), **(ROW_OVERRIDES.get(args.worker, {}) if mode == "full" else {})}
         run["threads"] = args.threads or run["threads"]
         try:
             row = worker(args.worker, args.worker_size, run)
@@ -361,7 +381,7 @@ def main(argv=None) -> dict:
             "command": command, "complete": complete, "machine": machine_info(),
             "load_start": load_start, "load_end": load_average(), "wall_seconds": round(time.time() - started, 1),
             "run": {**RUN[mode], "threads": args.threads or RUN[mode]["threads"], "repeat": args.repeat,
-                    "overrides": RUN_OVERRIDES if mode == "full" else {}, "dtype": "float32",
+                    "overrides": {**RUN_OVERRIDES, **ROW_OVERRIDES} if mode == "full" else {}, "dtype": "float32 unless the row's precision says otherwise",
                     "activation_checkpointing": True, "tie_word_embeddings": True, "lr": 1e-5},
             "shapes": {s: shape_config(s) for s in merged},
             "targets": TARGETS,

@@ -20,7 +20,13 @@ Example::
 from __future__ import annotations
 
 ROWS = ["adamw", "logra", "logra_prev", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
-        "adamw8bit_torchao", "floor_grads", "floor_nograd", "floor_nograd_trim"]  # fmt: skip
+        "adamw8bit_torchao", "floor_grads", "floor_nograd", "floor_nograd_trim", "lora"]  # fmt: skip
+# Issue 18's bf16 rows: measured at ~100M only (this CPU has no bf16 matrix units; a bf16 step at ~100M takes minutes).
+BF16_ROWS = ["logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16"]
+# Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
+# "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
+PRECISION = {"logra_bf16_stochastic": "bf16", "logra_bf16_kahan": "bf16", "adamw_bf16": "bf16",
+             "adamw_bf16_mixed": "bf16-mixed"}  # fmt: skip
 
 DESCRIPTION = {
     "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
@@ -35,6 +41,11 @@ DESCRIPTION = {
     "floor_grads": "no optimizer: full grads materialized, then dropped after backward",
     "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
     "floor_nograd_trim": "floor_nograd + glibc malloc_trim in each grad hook and after each step (as LoGRA on CPU)",
+    "lora": "LoRA (PEFT) rank r, alpha 2r, on every attention/MLP matrix; torch.optim.AdamW on the factors",
+    "logra_bf16_stochastic": "LoGRA rank r on bf16 weights (no fp32 copy), update added with stochastic rounding",
+    "logra_bf16_kahan": "LoGRA rank r on bf16 weights, update added with Kahan compensation (bf16 buffer in state)",
+    "adamw_bf16_mixed": "torch.optim.AdamW on fp32 master weights, forward/backward under bf16 autocast",
+    "adamw_bf16": "torch.optim.AdamW on bf16 weights (grads and moments bf16, round to nearest)",
 }
 
 
@@ -52,8 +63,13 @@ def make_optimizer(name: str, model, rank: int):
     from logra_lightning.optim import LoGRA, logra_param_groups
 
     hp = dict(lr=1e-5, weight_decay=0.0)
-    if name == "adamw":
+    if name in ("adamw", "adamw_bf16_mixed", "adamw_bf16"):
         return torch.optim.AdamW(model.parameters(), **hp)
+    if name == "lora":  # the adapter is attached by the worker; only the factors are trainable
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **hp)
+    if name in ("logra_bf16_stochastic", "logra_bf16_kahan"):
+        rule = name.rsplit("_", 1)[1]
+        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), bf16_update=rule, **hp)
     if name == "logra":
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), **hp)
     if name == "logra_dense_embed":
@@ -141,7 +157,7 @@ def deep_state_bytes(optimizer) -> int:
 
 
 PEER_MODULES = {"galore": "galore_torch", "apollo": "apollo_torch", "adamw8bit_bnb": "bitsandbytes",
-                "adamw8bit_torchao": "torchao.optim"}  # fmt: skip
+                "adamw8bit_torchao": "torchao.optim", "lora": "peft"}  # fmt: skip
 
 
 def tensor_only_state_bytes(opt) -> int | str:

@@ -1,11 +1,12 @@
-"""Held-out accuracy on the arithmetic RL task: AdamW vs LoGRA (ranks 4/8/16/32) vs GaLore, 3 seeds.
+"""Held-out accuracy on the arithmetic RL task: AdamW vs LoGRA (ranks 4/8/16/32) vs GaLore vs LoRA, 3 seeds.
 
-Run (full: the settings of ``configs/``, 6 optimizers x 3 seeds = 18 ``logra fit`` runs):
+Run (full: the settings of ``configs/``, 8 rows x 3 seeds = 24 ``logra fit`` runs):
 
     .venv/bin/python benchmarks/quality.py
     .venv/bin/python benchmarks/quality.py --lr 3e-5 --steps 300          # override the configs' lr / steps
     .venv/bin/python benchmarks/quality.py --quick                         # 1 seed, 2 ranks, 4 steps (CI)
     .venv/bin/python benchmarks/quality.py --jobs 1                        # one run at a time
+    .venv/bin/python benchmarks/quality.py --rows lora_r16 --seeds 0 --lora-lr 3e-3 --out /tmp/sweep.json  # one lr
 
 Every run is a real ``logra fit --config <AdamW config>`` in its own process with the optimizer
 replaced on the command line, so all rows share the loop, task, reward, batch, group size,
@@ -16,7 +17,17 @@ steps, and after the last step (``val/accuracy`` in TensorBoard, ``summary.json`
 * ``logra_r{4,8,16,32}``: :class:`logra_lightning.optim.LoGRA` at that rank (every 2-D
   param low-rank, the library default), ``update_proj_gap`` from the LoGRA config;
 * ``galore_r16``: ``galore_torch.GaLoreAdamW`` through :mod:`benchmarks.galore_named`
-  (attention/MLP low-rank, ``scale=1``).
+  (attention/MLP low-rank, ``scale=1``);
+* ``lora_r{16,8}``: LoRA (PEFT, :class:`logra_lightning.adapters.LoRA`, ``alpha = 2r``, every
+  attention/MLP matrix) with ``torch.optim.AdamW`` on the factors, at the lr of
+  ``configs/arithmetic_tiny_lora.yaml`` (``--lora-lr``; LoRA wants a larger lr than full
+  fine-tuning). r16 is LoGRA r16's rank; r8 is the rank whose params + grads + optimizer state
+  match LoGRA r16's training tensors on this policy (15.7 MB vs 15.5 MB, counted exactly);
+* with ``--bf16`` (issue 18's bf16 row; not in the default set): weights held at bf16 values,
+  each step's update rounded by a rule (:class:`benchmarks.bf16_weights.BF16Weights`; forward in
+  fp32, see there why): ``logra_r{R}_bf16w_{nearest,stochastic,kahan}`` and
+  ``adamw_bf16w_nearest`` (R = the largest of ``--ranks`` that is <= 16). The fp32-master
+  answer is the plain ``adamw`` / ``logra_r{R}`` rows.
 
 Defaults are read, not hard-coded: ``lr``/``max_steps``/``val_check_interval`` from the AdamW
 config (``--config``); the LoGRA rows' ``lr`` and ``update_proj_gap`` from the first LoGRA
@@ -25,6 +36,13 @@ config found (``--logra-config``, else ``configs/arithmetic_tiny_logra.yaml``, e
 GaLore uses the LoGRA rows' lr. ``--lr`` sets every row's lr. Seeds change the model's
 sampling and the prompt order (``seed_everything``, ``data.seed``); the held-out split is fixed.
 Results: ``benchmarks/results/quality[_quick].json`` with per-run curves and per-row mean/std.
+``--merge`` keeps the rows of an earlier results file that this run does not repeat.
+
+Memory: every run carries :class:`~logra_lightning.callbacks.MemoryMonitor` (it only measures).
+Per run: ``peak_rss_bytes``, the whole process's peak resident memory over the training steps (the
+largest ``memory/<phase>/peak_gb``; the in-process HF engine included), and its training-tensor
+part, ``train_tensor_bytes`` = params + the largest live gradients + optimizer state
+(``memory/params_gb`` + ``memory/grads_gb`` + ``memory/optimizer_state_gb``).
 
 Parallel runs: ``--jobs N`` (default 2, 1 with ``--quick``) runs N ``logra fit`` processes at
 once, each pinned to one torch thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` in its environment
@@ -51,6 +69,17 @@ from benchmarks.common import (  # noqa: E402
 from benchmarks.report import Report, load_text, num, pct, table  # noqa: E402
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
+LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MEMORY_MONITOR = [{"class_path": "logra_lightning.callbacks.MemoryMonitor"}]
+
+
+def row_callbacks(row: str) -> list[dict]:
+    """Callbacks of a row: MemoryMonitor, plus the bf16 weight rounding of a ``*_bf16w_<rule>`` row."""
+    if "_bf16w_" not in row:
+        return MEMORY_MONITOR
+    return MEMORY_MONITOR + [{"class_path": "benchmarks.bf16_weights.BF16Weights",
+                              "init_args": {"rule": row.rsplit("_", 1)[1]}}]  # fmt: skip
 QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
 JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -76,8 +105,21 @@ def _gap(path: str | None) -> int:
     return int(init.get("update_proj_gap", 50))
 
 
-def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int) -> dict[str, dict]:
-    """Row name -> the ``--model.optimizer`` value of that row."""
+def lora_adapter(rank: int) -> dict:
+    """The ``--model.adapter`` value of a LoRA row (alpha = 2 * rank, as in the LoRA config)."""
+    return {"class_path": "logra_lightning.adapters.LoRA",
+            "init_args": {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS, "dropout": 0.0}}  # fmt: skip
+
+
+def row_args(row: str) -> list[str]:
+    """Extra ``logra fit`` arguments of a row (the adapter of a LoRA row)."""
+    if row.startswith("lora_r"):
+        return ["--model.adapter", json.dumps(lora_adapter(int(row[len("lora_r") :])))]
+    return []
+
+
+def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float | None = None) -> dict[str, dict]:
+    """Row name -> the ``--model.optimizer`` value of that row (LoRA rows add :func:`row_args`)."""
     rows = {"adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": adamw_lr, "weight_decay": 0.0}}}
     extra = json.loads(args.logra_args) if args.logra_args else {}
     for r in args.ranks:
@@ -87,6 +129,14 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int) -> dict[str, dic
         "class_path": "benchmarks.galore_named.GaLoreAdamWNamed",
         "init_args": {"lr": logra_lr, "rank": args.galore_rank, "update_proj_gap": gap, "scale": 1.0},
     }
+    if getattr(args, "bf16", False):
+        r = max([x for x in args.ranks if x <= 16] or [16])
+        for rule in ("nearest", "stochastic", "kahan"):
+            rows[f"logra_r{r}_bf16w_{rule}"] = {"class_path": "logra_lightning.optim.LoGRA",
+                                                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap}}  # fmt: skip
+        rows["adamw_bf16w_nearest"] = {**rows["adamw"]}
+    for r in getattr(args, "lora_ranks", None) or []:
+        rows[f"lora_r{r}"] = {"class_path": "torch.optim.AdamW", "init_args": {"lr": lora_lr or adamw_lr, "weight_decay": 0.0}}
     if args.rows:
         unknown = set(args.rows) - set(rows)
         if unknown:
@@ -113,6 +163,9 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
             entry["curve"] = [[s, *(lambda v: [v["mean"], v["std"]])(_stats([dict(r["curve"])[s] for r in ok]))]
                               for s in steps]  # fmt: skip
             entry["step_seconds_median"] = statistics.median(r["step_seconds_median"] for r in ok)
+            for key in ("peak_rss_bytes", "train_tensor_bytes", "optimizer_state_bytes"):
+                if all(r.get(key) is not None for r in ok):
+                    entry[key] = statistics.median(r[key] for r in ok)
         out[row] = entry
     base = out.get("adamw", {}).get("accuracy_after")
     for entry in out.values():
@@ -121,11 +174,23 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def memory_fields(scalars: dict[str, list]) -> dict[str, int | None]:
+    """Peak RSS over the training steps and the training-tensor bytes, from MemoryMonitor's scalars."""
+    peaks = [v for tag, series in scalars.items() if tag.startswith("memory/") and tag.endswith("/peak_gb")
+             for _, v in series]  # fmt: skip
+    last = {k: max((v for _, v in scalars.get(f"memory/{k}_gb", [])), default=None)
+            for k in ("params", "grads", "optimizer_state")}  # fmt: skip
+    tensors = None if None in last.values() else sum(last.values())
+    return {"peak_rss_bytes": round(max(peaks) * 1e9) if peaks else None,
+            "train_tensor_bytes": None if tensors is None else round(tensors * 1e9),
+            "optimizer_state_bytes": None if last["optimizer_state"] is None else round(last["optimizer_state"] * 1e9)}
+
+
 def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str], work_dir: Path) -> dict:
-    """One ``logra fit`` of a row and seed on one torch thread: held-out accuracy, curves, step seconds."""
+    """One ``logra fit`` of a row and seed on one torch thread: held-out accuracy, curves, step seconds, memory."""
     name = f"{row}_seed{seed}"
-    res = logra_fit(name, config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed)],
-                    optimizer=optimizer, work_dir=work_dir, env=ONE_THREAD)  # fmt: skip
+    res = logra_fit(name, config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed), *row_args(row)],
+                    optimizer=optimizer, callbacks=row_callbacks(row), work_dir=work_dir, env=ONE_THREAD)  # fmt: skip
     run = {"row": row, "seed": seed, "lr": optimizer["init_args"]["lr"], "ok": res["ok"],
            "seconds": res["seconds"], "load_before": res["load_before"], "load_after": res["load_after"],
            "command": res["command"]}  # fmt: skip
@@ -134,7 +199,10 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
         run.update(accuracy_before=res["summary"]["accuracy_before"], accuracy_after=res["summary"]["accuracy_after"],
                    curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
                    reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
-                   step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]))  # fmt: skip
+                   step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
+                   **memory_fields(sc))  # fmt: skip
+        if "bf16/lost_share" in sc:
+            run["bf16_lost_share_mean"] = statistics.fmean(v for _, v in sc["bf16/lost_share"])
     else:
         run["error"] = res["error"]
     print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
@@ -202,6 +270,17 @@ def headline(found: dict) -> list[str]:
 REPORTS = {"quality": Report("Quality: held-out accuracy on the arithmetic RL task", section, plot, headline)}
 
 
+def merge_results(earlier: dict, new: dict) -> dict:
+    """``new`` plus the rows of ``earlier`` that ``new`` did not run (their runs, summaries and optimizers)."""
+    fresh = set(new["summary"])
+    kept = [r for r in earlier.get("runs", []) if r["row"] not in fresh]
+    merged = {**new, "runs": kept + new["runs"], "merged_from": earlier.get("command")}
+    merged["summary"] = summarize(merged["runs"])
+    merged["settings"] = {**new["settings"], "optimizers": {**earlier.get("settings", {}).get("optimizers", {}),
+                                                            **new["settings"]["optimizers"]}}  # fmt: skip
+    return merged
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, ranks 8 and 16, 4 steps, 64 held-out prompts")
@@ -216,6 +295,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--logra-args", default=None,
                     help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full", "basis_dtype": "float32"}\'')
     ap.add_argument("--row-suffix", default="", help="appended to the LoGRA row names (e.g. _fullv)")
+    ap.add_argument("--lora-ranks", type=int, nargs="*", default=None, help="LoRA ranks (default 16 8; --quick: 8)")
+    ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
+    ap.add_argument("--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)")
+    ap.add_argument("--merge", action="store_true", help="keep the earlier results file's rows this run does not repeat")
     ap.add_argument("--jobs", type=int, default=None,
                     help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})")
     ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
@@ -229,13 +312,15 @@ def main(argv=None) -> dict:
     val_every = min(args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"]), steps)
     args.seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
     args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
+    args.lora_ranks = args.lora_ranks if args.lora_ranks is not None else ([8] if args.quick else [16, 8])
     jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
     if jobs < 1:
         raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
     adamw_lr = args.lr or base["lr"]
     logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
     gap = _gap(logra_cfg)
-    rows = plan_rows(args, adamw_lr, logra_lr, gap)
+    lora_lr = args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else adamw_lr)
+    rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr)
     common = [*budget_args(steps, val_every, QUICK["test_size"] if args.quick else None), "--model.torch_threads", "1"]
     started, load_start = time.time(), load_average()
     plan = [(row, seed, optimizer) for seed in args.seeds for row, optimizer in rows.items()]
@@ -247,14 +332,18 @@ def main(argv=None) -> dict:
         "wall_seconds": round(time.time() - started, 1),
         "settings": {"config": base["config"], "logra_config": logra["config"] if logra else None,
                      "steps": steps, "val_check_interval": val_every, "seeds": args.seeds, "jobs": jobs,
-                     "adamw_lr": adamw_lr, "logra_lr": logra_lr, "update_proj_gap": gap,
+                     "adamw_lr": adamw_lr, "logra_lr": logra_lr, "lora_lr": lora_lr, "update_proj_gap": gap,
+                     "lora_adapters": {row: lora_adapter(int(row[len("lora_r"):])) for row in rows if row.startswith("lora_r")},
                      "batch_size": base["batch_size"], "group_size": base["group_size"],
                      "held_out_prompts": QUICK["test_size"] if args.quick else base["held_out_prompts"],
                      "optimizers": rows},
         "summary": summarize(runs),
         "runs": runs,
     }  # fmt: skip
-    write_result(Path(args.out) if args.out else RESULTS / f"quality{'_quick' if args.quick else ''}.json", result)
+    out = Path(args.out) if args.out else RESULTS / f"quality{'_quick' if args.quick else ''}.json"
+    if args.merge and out.exists():
+        result = merge_results(json.loads(out.read_text()), result)
+    write_result(out, result)
     return result
 
 

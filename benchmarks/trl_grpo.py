@@ -12,7 +12,10 @@ tiny Qwen2 of :mod:`logra_lightning.warmup`), 1 torch thread, fp32, no activatio
 * ``trl_grpo``: ``trl.GRPOTrainer`` (version pinned in ``pyproject.toml``'s ``bench`` extra),
   its own generation (``model.generate`` on CPU, no vLLM), ``torch.optim.AdamW``;
 * ``logra_adamw``: ``logra fit`` with the AdamW config (in-process, ``cli.main``);
-* ``logra_logra``: the same with LoGRA (rank and gap as :mod:`benchmarks.quality` picks them).
+* ``logra_logra``: the same with LoGRA (rank and gap as :mod:`benchmarks.quality` picks them);
+* ``logra_lora``: the same with LoRA (PEFT, :mod:`logra_lightning.adapters`; rank 16, alpha 32, every
+  attention/MLP matrix) and AdamW on the factors at the LoRA config's lr (``--lora-lr``);
+* ``trl_grpo_lora``: ``trl.GRPOTrainer`` with the same LoRA as its ``peft_config`` and lr.
 
 Matched to the config: prompts per step (``batch_size``), ``group_size`` samples per prompt,
 ``max_new_tokens``, temperature, lr (constant, no warm-up, no gradient clipping: the Lightning
@@ -42,10 +45,10 @@ from benchmarks.common import (  # noqa: E402
     CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, machine_info, proc_memory, reset_peak_rss,
     run_worker, write_result,
 )  # fmt: skip
-from benchmarks.quality import QUICK, _gap, find_logra_config  # noqa: E402
+from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter  # noqa: E402
 from benchmarks.report import MB, Report, clip, load_text, num, pct, table  # noqa: E402
 
-ROWS = ("trl_grpo", "logra_adamw", "logra_logra")
+ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
 
 
@@ -56,8 +59,9 @@ def _sources(s: dict):
     return ArithmeticSource("train", **kw).load(), ArithmeticSource("test", **kw).load()
 
 
-def run_trl(s: dict) -> dict:
-    """Train with ``trl.GRPOTrainer``; returns timings, accuracy and memory fields."""
+def run_trl(s: dict, lora: dict | None = None) -> dict:
+    """Train with ``trl.GRPOTrainer`` (with ``lora``: the ``init_args`` of a LoRA adapter, as PEFT's
+    ``peft_config``); returns timings, accuracy and memory fields."""
     import torch
 
     torch.set_num_threads(1)
@@ -92,8 +96,14 @@ def run_trl(s: dict) -> dict:
     model, tok = load_policy(path)
     acc_before = greedy_accuracy(model, tok, test, s["max_new_tokens"])
     n = s["batch_size"] * s["group_size"]
+    peft_config = None
+    if lora is not None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                 target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM")  # fmt: skip
     cfg = trl.GRPOConfig(
-        output_dir=str(WORK_DIR / "trl_grpo"), max_steps=s["steps"], learning_rate=s["lr"],
+        output_dir=str(WORK_DIR / "trl_grpo"), max_steps=s["steps"], learning_rate=s["lora_lr"] if lora else s["lr"],
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=0.0, weight_decay=0.0, optim="adamw_torch",
         per_device_train_batch_size=n, num_generations=s["group_size"], steps_per_generation=1,
         gradient_accumulation_steps=1, num_iterations=1, max_completion_length=s["max_new_tokens"],
@@ -103,7 +113,7 @@ def run_trl(s: dict) -> dict:
         dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     trainer = trl.GRPOTrainer(model=model, reward_funcs=exact_match, args=cfg, train_dataset=dataset,
-                              processing_class=tok, callbacks=[StepTimer()])  # fmt: skip
+                              processing_class=tok, callbacks=[StepTimer()], peft_config=peft_config)  # fmt: skip
     t0 = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - t0
@@ -114,7 +124,7 @@ def run_trl(s: dict) -> dict:
             "reward_mean": rewards, "rss_before_model_bytes": rss_before}  # fmt: skip
 
 
-def run_logra(s: dict, optimizer: dict) -> dict:
+def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     """``logra fit`` in this process (``cli.main``), so this process's VmHWM is the run's peak."""
     import lightning  # noqa: F401  (imports before the baseline, as for TRL)
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
@@ -124,14 +134,15 @@ def run_logra(s: dict, optimizer: dict) -> dict:
     from logra_lightning.warmup import resolve_model
 
     resolve_model("builtin:arithmetic-tiny")  # build/cache outside the measurement
-    name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}"
+    name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
     args = ["fit", "--config", s["config"], "--trainer.max_steps", str(s["steps"]),
             "--trainer.val_check_interval", str(s["steps"]), "--trainer.enable_checkpointing", "false",
             "--trainer.logger.init_args.save_dir", str(WORK_DIR), "--trainer.logger.init_args.name", name,
             "--trainer.logger.init_args.version", "0", "--trainer.enable_progress_bar", "false",
             "--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]),
             "--data.train.init_args.test_size", str(s["test_size"]), "--data.val.init_args.test_size", str(s["test_size"]),
-            "--model.optimizer", json.dumps(optimizer), "--trainer.callbacks", json.dumps(config_callbacks(s["config"]))]  # fmt: skip
+            "--model.optimizer", json.dumps(optimizer), "--trainer.callbacks", json.dumps(config_callbacks(s["config"])),
+            *extra]  # fmt: skip
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
     t0 = time.perf_counter()
@@ -159,6 +170,8 @@ def settings(args) -> dict:
             "logra_rank": (logra or {}).get("rank") or 8, "update_proj_gap": _gap(logra_cfg),
             "batch_size": base["batch_size"], "group_size": base["group_size"], "max_new_tokens": base["max_new_tokens"],
             "temperature": base["temperature"], "seed": args.seed,
+            "lora_lr": args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else lr),
+            "lora_adapter": lora_adapter(16),
             "test_size": QUICK["test_size"] if args.quick else test_size}  # fmt: skip
 
 
@@ -170,6 +183,11 @@ def worker(row: str, s: dict) -> dict:
     elif row == "logra_logra":
         out = run_logra(s, {"class_path": "logra_lightning.optim.LoGRA",
                             "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]}})  # fmt: skip
+    elif row == "logra_lora":
+        out = run_logra(s, {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lora_lr"], "weight_decay": 0.0}},
+                        ["--model.adapter", json.dumps(s["lora_adapter"])])  # fmt: skip
+    elif row == "trl_grpo_lora":
+        out = run_trl(s, s["lora_adapter"]["init_args"])
     else:
         raise ValueError(f"unknown row {row!r} (allowed: {', '.join(ROWS)})")
     st = proc_memory()
@@ -223,6 +241,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"))
     ap.add_argument("--logra-config", default=None)
     ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
+    ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rows", nargs="*", default=list(ROWS))

@@ -19,7 +19,9 @@ How the checkpoint becomes a model:
 2. A distributed checkpoint is read in this one process with
    ``torch.distributed.checkpoint`` (only the ``state_dict`` entries, no optimizer state, no
    process group); a ``.ckpt`` file with ``torch.load(mmap=True, weights_only=True)``.
-3. The directory is written next to ``DIR`` and renamed into place, so a failed export leaves a
+3. A LoRA run (``hyper_parameters["adapter"]``, :mod:`logra_lightning.adapters`) is merged:
+   ``W = W0 + (alpha / r) * B @ A`` under the base model's names.
+4. The directory is written next to ``DIR`` and renamed into place, so a failed export leaves a
    previous one intact. ``DIR`` must be new, empty, or an earlier export (it is replaced);
    any other non-empty directory is refused rather than overwritten.
 
@@ -47,6 +49,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from logra_lightning.adapters import LoRA
 from logra_lightning.checkpoint_io import check_checkpoint_path, is_distributed_checkpoint
 from logra_lightning.errors import CheckpointError, ConfigError
 
@@ -210,6 +213,9 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, base
         raise ConfigError(f"--dtype={dtype!r}: allowed {', '.join(DTYPES)} (or leave it out: as trained)")
     check_export_dir(out)
     weights, hparams = read_checkpoint(ckpt_path)
+    adapter = LoRA.from_hparams(hparams.get("adapter"))
+    if adapter is not None:  # a LoRA run: merge the factors into the base weights (a plain model)
+        weights = adapter.merged_state_dict(weights)
     spec = base_model or hparams.get("model")
     if not spec:
         raise ConfigError(f"--ckpt_path {ckpt_path}: its hyper_parameters name no base model; pass --base_model")

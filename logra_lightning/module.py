@@ -56,6 +56,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
+from logra_lightning.adapters import LoRA
 from logra_lightning.errors import ConfigError
 from logra_lightning.evaluation import HeldOutEvaluation
 from logra_lightning.grpo import clipped_policy_loss, grpo_advantages, grpo_loss, masked_mean, tis_weights
@@ -105,6 +106,8 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             steps in a row were skipped (non-finite values or unusable batches); ``None``: never.
         sampling_seed: base seed of the per-rollout sampling seeds (``None``: torch's initial
             seed at setup, i.e. ``seed_everything``'s). Saved in checkpoints.
+        adapter: train LoRA factors instead of the weights (:class:`~logra_lightning.adapters.LoRA`);
+            the optimizer then gets only the factors, and the engine, syncs and exports see the merged weights.
 
     Raises:
         ConfigError: an argument out of range (names the key and the allowed range); in
@@ -147,10 +150,14 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         max_consecutive_skips: int | None = 10,
         sampling_seed: int | None = None,
         tis_cap: float | None = None,
+        adapter: LoRA | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer", "engine", "reward"])
+        self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
         check_module_args(self.hparams)
+        self.adapter = adapter
+        if adapter is not None:  # as plain values: checkpoints load with weights_only=True, and a resume re-parses it
+            self.hparams["adapter"] = adapter.hparams()
         self.automatic_optimization = False
         self.model_spec = model
         self.optimizer_factory = optimizer
@@ -203,6 +210,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             ref, _ = load_policy(self.model_path)
             self._ref = [ref.eval().requires_grad_(False)]
         self.engine = self.engine_spec.build(self.model_path, self.policy, self.tokenizer)
+        if self.adapter is not None:  # after the engine: an engine with its own copy copies the base model
+            self.policy = self.adapter.attach(self.policy)
+            self.engine = self.adapter.engine_view(self.engine)
 
     @override
     def configure_model(self) -> None:
@@ -216,7 +226,8 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
     @override
     def configure_optimizers(self):
         try:
-            opt = self.optimizer_factory(list(self.policy.named_parameters()))
+            opt = self.optimizer_factory([(n, p) for n, p in self.policy.named_parameters() if p.requires_grad])
+            opt = opt if self.adapter is None else self.adapter.wrap_optimizer(opt)
         except ValueError as err:  # torch.optim and LoGRA reject bad hyperparameters with ValueError
             raise ConfigError(f"model.optimizer: {err}") from None
         if not self.hparams.lr_warmup_steps:

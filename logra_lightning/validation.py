@@ -50,6 +50,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from logra_lightning.adapters import check_adapter_config
 from logra_lightning.errors import ConfigError
 from logra_lightning.model_paths import check_model_spec
 
@@ -387,6 +388,7 @@ def validate_fit_config(cfg: Mapping[str, Any]) -> None:
         check_engine_length(engine_args.get("max_model_len"), max_new_tokens)
     opt_args = _args(model_cfg.get("optimizer"))
     check_optimizer_args(opt_args)
+    check_adapter_config(model_cfg.get("adapter"), model_cfg.get("optimizer"), trainer_cfg.get("strategy"))
     model = model_cfg.get("model", "builtin:arithmetic-tiny")
     check_model_spec(model)
     rank = opt_args.get("rank")

@@ -134,12 +134,15 @@ def test_quality_quick(tmp_path: Path) -> None:
     _check_header(res)
     assert res["settings"]["seeds"] == [0] and res["settings"]["steps"] == quality.QUICK["steps"]
     assert res["settings"]["jobs"] == 2
-    rows = ["adamw", "logra_r8", "logra_r16", "galore_r16"]
+    rows = ["adamw", "logra_r8", "logra_r16", "galore_r16", "lora_r8"]
     _check_rows_recorded(res["runs"], "row", rows)
-    for run in res["runs"][:3]:
+    for run in res["runs"][:3] + res["runs"][4:]:
         assert run["ok"], run.get("error")
         assert {"accuracy_before", "accuracy_after", "curve", "step_seconds_median", "load_before"} <= set(run)
         assert run["curve"][0][0] == 0 and len(run["curve"]) >= 2
+        assert run["peak_rss_bytes"] > run["train_tensor_bytes"] > run["optimizer_state_bytes"] > 0
+    lora, adamw = res["runs"][4], res["runs"][0]
+    assert lora["optimizer_state_bytes"] < 0.2 * adamw["optimizer_state_bytes"]  # AdamW on the factors only
     assert {"accuracy_after", "curve", "ok_runs"} <= set(res["summary"]["logra_r8"])
     assert "accuracy_after_vs_adamw_points" in res["summary"]["logra_r8"]
 

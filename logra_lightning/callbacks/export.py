@@ -87,6 +87,9 @@ class ExportPolicy(L.Callback):
                               f"{type(pl_module).__name__} has none")  # fmt: skip
         target = self._target(trainer)  # trainer.log_dir is a broadcast: every rank reads it
         weights = full_state_dict(policy)  # a collective under FSDP2
+        adapter = getattr(pl_module, "adapter", None)
+        if adapter is not None:  # LoRA: W0 + s*B@A under the base model's names, a plain model
+            weights = adapter.merged_state_dict(weights)
         self._write(trainer, pl_module, policy, tokenizer, weights, target)
 
     @rank_zero_only

@@ -137,11 +137,14 @@ def update_delta(pend: PendingUpdate, w: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float) -> None:
+def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float,
+          add_low_precision: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
     """Take the local weight ``w`` from scale ``start`` to scale ``end`` of ``pend``, in place.
 
     ``W(a) = c(a) * W0 + a * Δ_add`` with ``c(a) = 1 - a * lr * wd``, so ``move_(w, p, a, b)``
-    followed by ``move_(w, p, b, a)`` restores ``w`` up to rounding.
+    followed by ``move_(w, p, b, a)`` restores ``w`` up to rounding. Bf16/fp16 weights get the
+    fp32 change through ``add_low_precision(w, delta)`` (LoGRA's ``bf16_update`` rule; default:
+    round to nearest).
     """
     lr, wd = pend.lr, pend.weight_decay
     k = (1 - end * lr * wd) / (1 - start * lr * wd) if wd else 1.0
@@ -150,13 +153,18 @@ def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float) -> Non
         w.mul_(k)
     if coef == 0.0:
         return
+    low = w.dtype not in (torch.float32, torch.float64)
+    add = add_low_precision or (lambda w_, d: w_.add_(d.to(w_.dtype)))
     if not pend.lowrank:
-        w.add_(pend.dense().to(w.dtype), alpha=-lr * coef)
+        if low:
+            add(w, pend.dense().mul_(-lr * coef))
+        else:
+            w.add_(pend.dense().to(w.dtype), alpha=-lr * coef)
         return
     w = as_matrix(w)  # [m, n]
     u, basis, alpha = pend.direction, pend.basis, -lr * pend.scale * coef
     if w.dtype != u.dtype:
-        w.add_(sk.lowrank_delta(u, basis, pend.side).mul_(alpha).to(w.dtype))
+        add(w, sk.lowrank_delta(u, basis, pend.side).mul_(alpha))  # fp32 [m, n], rounded once into w
         return
     basis = basis.to(u.dtype)  # a bf16-stored basis: an fp32 copy of [n, r] | [m, r]
     if pend.side == "right":
