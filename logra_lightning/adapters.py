@@ -333,6 +333,10 @@ class LoRAOptimizer(torch.optim.Optimizer):
             updates.append(LowRankUpdate(name, 1.0, left, right))
         return [updates] + [[] for _ in range(steps - 1)]
 
+    def gather_updates(self, updates: list[LowRankUpdate]) -> list[LowRankUpdate]:
+        """The updates as they are: LoRA is refused under FSDP2, so every factor is whole on this process."""
+        return updates
+
     def dense_param_names(self) -> list[str]:
         """Trainable params that are not LoRA factors (sent densely by the sync): none with this adapter."""
         factors = {id(p) for _, a, b in self.layers for p in (a, b)}
