@@ -28,3 +28,16 @@ def raw_tiny_path() -> str:
     from logra_lightning.warmup import resolve_model
 
     return resolve_model("builtin:arithmetic-tiny-raw")
+
+
+def vllm_greedy_answers(model_dir, prompts: list[str], max_tokens: int = 5) -> list[str]:
+    """Greedy answers of a plain ``vllm.LLM(model=DIR)`` (its own tokenizer, text prompts), as ``vllm serve DIR`` loads it."""
+    import vllm
+
+    llm = vllm.LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=64,
+                   kv_cache_memory_bytes=1 << 30)  # fmt: skip
+    try:
+        outs = llm.generate(prompts, vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+        return [o.outputs[0].text.strip() for o in outs]
+    finally:
+        llm.llm_engine.engine_core.shutdown()

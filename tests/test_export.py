@@ -29,6 +29,8 @@ from logra_lightning.errors import ConfigError
 from logra_lightning.export import MARKER, export_checkpoint, read_checkpoint
 from logra_lightning.warmup import greedy_completions
 
+from conftest import vllm_greedy_answers  # tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_adamw.yaml")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -161,16 +163,7 @@ def test_export_dir_is_checked_before_training(tmp_path, monkeypatch):
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 def test_vllm_loads_the_export_and_answers_like_the_trainer(run):
     """A plain ``vllm.LLM(model=DIR)`` (its own tokenizer, text prompts), as ``vllm serve DIR`` would load it."""
-    import vllm
-
-    llm = vllm.LLM(model=str(run.export), dtype="float32", enforce_eager=True, seed=0, max_model_len=64,
-                   kv_cache_memory_bytes=1 << 30)  # fmt: skip
-    try:
-        outs = llm.generate([r["prompt"] for r in PROMPTS], vllm.SamplingParams(temperature=0.0, max_tokens=5),
-                            use_tqdm=False)  # fmt: skip
-        answers = [o.outputs[0].text.strip() for o in outs]
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+    answers = vllm_greedy_answers(run.export, [r["prompt"] for r in PROMPTS])
     assert answers == run.answers
 
 

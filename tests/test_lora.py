@@ -24,6 +24,8 @@ from logra_lightning.cli import main
 from logra_lightning.errors import ConfigError
 from logra_lightning.warmup import greedy_completions
 
+from conftest import vllm_greedy_answers  # tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_lora.yaml")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -202,16 +204,7 @@ def test_export_of_a_lora_run_is_a_plain_model(lora_run, tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_loads_the_lora_export(lora_run):
-    import vllm
-
-    llm = vllm.LLM(model=str(lora_run.export), dtype="float32", enforce_eager=True, seed=0, max_model_len=64,
-                   kv_cache_memory_bytes=1 << 30)  # fmt: skip
-    try:
-        outs = llm.generate([r["prompt"] for r in PROMPTS], vllm.SamplingParams(temperature=0.0, max_tokens=5),
-                            use_tqdm=False)  # fmt: skip
-        answers = [o.outputs[0].text.strip() for o in outs]
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+    answers = vllm_greedy_answers(lora_run.export, [r["prompt"] for r in PROMPTS])
     assert answers == lora_run.answers
 
 
