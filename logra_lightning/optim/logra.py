@@ -10,62 +10,40 @@ checkpoints: :class:`~logra_lightning.optim.state_io.Checkpointing`). Tested aga
 
 Choices and departures (numbered, as promised by the house style):
 
-1. **First basis.** Each matrix starts from a seeded random orthonormal basis
-   (the identity when ``rank`` equals the sketched dimension). Step 0 is a
-   refresh step: its backward also accumulates the range sketch, so step 1's
-   update uses the random basis (still a descent direction, ``<G, G Q Q^T> >= 0``)
-   and step 2 onward uses a basis fitted to the gradients. No step ever holds
-   a full gradient, so the first step's memory peak is the same as the others.
-2. **Refresh.** With ``refresh="randomized"``, on steps ``k`` (completed steps)
-   with ``k % update_proj_gap == 0`` the hook also adds ``Y += G.T @ Omega``
-   (``Omega`` Gaussian ``[m, rank + oversample]`` from ``(seed, param index, k)``).
-   The new basis is the top-``rank`` left singular vectors of ``Y`` and takes
-   effect after this step's update is applied. ``refresh="svd"`` (exact SVD of
-   ``G``, GaLore's projector) needs ``sketch_in_backward=False``.
-3. **Moments across a refresh.** ``M <- M @ R``, ``V <- V @ (R*R)`` with
-   ``R = Q_old.T @ Q_new`` (see :func:`~logra_lightning.optim.sketch.rotate_moments`; a
-   factored ``V`` turns exactly the same, :func:`~logra_lightning.optim.sketch.rotate_factored`);
-   the step count and bias correction keep running.
-4. **Non-finite values.** A NaN/inf range sketch skips that refresh (old basis
-   kept, ``skipped_refreshes`` += 1, warned once). A NaN/inf gradient sketch
-   skips that matrix's step (``skipped_updates`` += 1); nothing non-finite is
-   written to the moments.
-5. **Gradients are gone after backward** for low-rank params in the default mode
-   (``p.grad is None``; clipping or grad-norm logging sees nothing there; use
-   ``sketch_in_backward=False`` to keep them). The accumulated sketch takes the gradient's
-   place and lifetime (first backward hook of a step to ``prepare_update``, dropped by
-   ``zero_grad``); it is not optimizer state and is not checkpointed.
-6. **FSDP2 (row-sharded DTensors).** Sides and random matrices come from the *global*
-   shape, so a sharded run takes the same steps as one process (``tests/test_fsdp2.py``).
-   Every state tensor is sharded, none replicated but a factored ``V``'s ``[r]`` factor (layout
-   table and collectives in :mod:`~logra_lightning.optim.sharding`, per-matrix gathers in
-   :class:`~logra_lightning.optim.matrix.LowRankMatrix`): a rank holds about ``1/world`` of
-   the single-process state. ``state_dict()`` returns the sharded tensors as DTensors, so
-   Lightning's ``ModelParallelStrategy`` saves and restores them with distributed
-   checkpointing (:mod:`~logra_lightning.optim.state_io`, ``tests/test_fsdp_lightning.py``).
-   ``refresh="svd"`` gathers the full gradient. ``update_max_abs`` and recorded factors are
-   local: the left factor holds this rank's rows (:meth:`LoGRA.gather_updates` completes them).
-7. **3-D expert weights** (``[E, m, n]``) are one ``[E*m, n]`` matrix with a right sketch
-   by default: one shared input-space basis, per-expert moments (why: :mod:`~logra_lightning.optim.matrix`).
-8. **Factored second moment where the sketch is tall** (``second_moment="auto"``): a right sketch
-   of an ``[m, n]`` matrix with ``m > n`` (tied embedding, experts) keeps ``V`` as Adafactor's row
-   and column means, ``[m] + [r]`` instead of ``[m, r]`` (docs/design.md §2; at ~100M the
-   embedding's two ``[32000, 64]`` moments were 16.4 of 71.9 MB of state). ``"full"``: Adam's ``V``
-   everywhere (the behaviour before); ``"factored"``: everywhere.
-9. **bf16 storage of bases and first moments** (``basis_dtype``, ``exp_avg_dtype``): fp32
-   arithmetic on upcast values, rounded once when stored; the second moment stays fp32 (a
-   ``beta2 = 0.999`` EMA would stall in bf16). ``"float32"`` restores the previous storage.
-   Effect on the update: ``benchmarks/direction_error.py``; on accuracy: ``benchmarks/quality.py``.
-10. **Host memory back to the OS** (``release_host_memory=True``): with params on the CPU, each
-    sketch hook (after freeing its gradient) and the end of ``step()`` call glibc's ``malloc_trim``
-    (:mod:`~logra_lightning.optim.host_memory`; it also returns what the model's own backward
-    freed: ``benchmarks/optimizer_memory.py`` compares with ``floor_nograd_trim`` too).
-11. **Low-precision weights** (``trainer.precision: bf16-true``): the update is computed in fp32
-    and added with one rounding by ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`).
-    Round-to-nearest lost 94.9% of the entries' updates at lr 1e-4 and RL stalled (57.4% ->
-    66.4%); ``"stochastic"`` (the default; no extra memory, bits from ``(seed, step, param)``)
-    and ``"kahan"`` (a bf16 ``bf16_comp`` buffer, 2 bytes per weight) reached 96.5% (README).
-    Under ``bf16-mixed`` (fp32 master weights) the hook and the step run with autocast off.
+1. **First basis.** A seeded random orthonormal basis (the identity when ``rank`` equals the
+   sketched dimension). Step 0 is a refresh step, so step 1 uses the random basis (still a descent
+   direction, ``<G, G Q Q^T> >= 0``) and step 2 onward a fitted one. No step holds a full gradient.
+2. **Refresh.** ``refresh="randomized"``: on steps ``k % update_proj_gap == 0`` the hook also adds
+   ``Y += G.T @ Omega`` (``Omega`` Gaussian ``[m, rank + oversample]`` from ``(seed, param, k)``); the
+   new basis (top-``rank`` left singular vectors of ``Y``) takes effect after this step's update.
+   ``refresh="svd"`` (exact SVD of ``G``, GaLore's projector) needs ``sketch_in_backward=False``.
+3. **Moments across a refresh.** ``M <- M @ R``, ``V <- V @ (R*R)`` with ``R = Q_old.T @ Q_new``
+   (:func:`~logra_lightning.optim.sketch.rotate_moments`, ``rotate_factored``); step counts run on.
+4. **Non-finite values.** A NaN/inf range sketch keeps the old basis (``skipped_refreshes``); a
+   NaN/inf gradient sketch skips that matrix's step (``skipped_updates``); both warn once.
+5. **Gradients are gone after backward** for low-rank params (``p.grad is None``; clipping sees
+   nothing; ``sketch_in_backward=False`` keeps them). The sketch lives like a gradient (first hook
+   of a step to ``prepare_update``, dropped by ``zero_grad``) and is not checkpointed.
+6. **FSDP2 (row-sharded DTensors).** Sides and random matrices come from the *global* shape, so a
+   sharded run takes the same steps as one process (``tests/test_fsdp2.py``); every state tensor is
+   sharded (layout in :mod:`~logra_lightning.optim.sharding`) and ``state_dict()`` returns DTensors for
+   distributed checkpointing (:mod:`~logra_lightning.optim.state_io`). Recorded factors hold this
+   rank's rows (:meth:`LoGRA.gather_updates` completes them).
+7. **3-D expert weights** ``[E, m, n]`` are one ``[E*m, n]`` matrix with a right sketch: one shared
+   input-space basis, per-expert moments (why: :mod:`~logra_lightning.optim.matrix`).
+8. **Factored second moment where the sketch is tall** (``second_moment="auto"``): a right sketch of
+   an ``[m, n]`` matrix with ``m > n`` (tied embedding, experts) keeps ``V`` as Adafactor's row and
+   column means, ``[m] + [r]`` instead of ``[m, r]`` (docs/design.md §2). ``"full"`` / ``"factored"``:
+   Adam's ``V`` everywhere / factored everywhere.
+9. **bf16 storage of bases and first moments** (``basis_dtype``, ``exp_avg_dtype``), fp32 arithmetic;
+   the second moment stays fp32 (a ``beta2 = 0.999`` EMA stalls in bf16). Effect on the update:
+   ``benchmarks/direction_error.py``.
+10. **Host memory back to the OS** (``release_host_memory=True``): on CPU each sketch hook and the end
+    of ``step()`` call glibc's ``malloc_trim`` (:mod:`~logra_lightning.optim.host_memory`).
+11. **Low-precision weights** (``bf16-true``): the fp32 update is added with one rounding by
+    ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round-to-nearest lost 94.9% of the
+    updates at lr 1e-4, so ``"stochastic"`` is the default (``"kahan"``: a 2-byte compensation buffer).
+    Under ``bf16-mixed`` the hook and the step run with autocast off.
 
 Example::
 
@@ -188,10 +166,9 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         self.release_host_memory = bool(release_host_memory)
         self.seed = int(seed)
         self.bf16_update = bf16_update
-        self.lost_updates = 0  # bf16/fp16 weight entries whose nonzero update rounded to no change
-        self.low_precision_updates = 0  # bf16/fp16 weight entries updated
-        self.skipped_refreshes = 0
-        self.skipped_updates = 0
+        # bf16/fp16 weight entries whose nonzero update rounded to no change, of all such entries updated
+        self.lost_updates = self.low_precision_updates = 0
+        self.skipped_refreshes = self.skipped_updates = 0  # choice 4
         self.record_updates = False
         self._applied: list[list[LowRankUpdate]] = []
         self._basis_versions = BasisVersions()  # recorded with each update: the engine may keep the basis
@@ -430,7 +407,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             self._applied.append(records)
         self._reset_candidate()
 
-    def _reset_candidate(self) -> None:
+    def _reset_candidate(self) -> None:  # also called by state_io when a checkpoint is loaded
         self._pending.clear()
         self._prepared = False
         self._perturb_total = 0.0
