@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, load_average, machine_info, write_result  # noqa: E402
-from benchmarks.report import Report, clip, load_text, met, num, table  # noqa: E402
+from benchmarks.report import Report, command_head, clip, met, num, table  # noqa: E402
 
 TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
@@ -134,8 +134,7 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
 def section(res: dict) -> tuple[list[str], dict]:
     """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
     steps = next((r["steps"] for r in res["rows"] if r.get("ok")), "?")
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, at end "
-           f"{load_text(res['load_end'])}. Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
+    out = [command_head(res) + f" Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
            f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
            "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
            f"low-rank syncs (limit {res['drift_limit']:g}).", ""]  # fmt: skip

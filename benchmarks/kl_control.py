@@ -67,7 +67,7 @@ from benchmarks.common import (  # noqa: E402
     CONFIGS, RESULTS, WORK_DIR, budget_args, config_callbacks, config_defaults, load_average, logra_fit, machine_info, write_result,
 )  # fmt: skip
 from benchmarks.quality import QUICK  # noqa: E402
-from benchmarks.report import Report, clip, load_text, met, num, pct, table  # noqa: E402
+from benchmarks.report import Report, command_head, clip, load_text, met, num, pct, table  # noqa: E402
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
 TARGETS = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), "overhead_share_max": 0.05}
@@ -203,7 +203,7 @@ def _budget(steps: int, val_every: int, quick: bool) -> list[str]:
 def section(res: dict) -> tuple[list[str], dict]:
     """Per run: accuracy, realized vs predicted KL, step time; then the accuracy, targets and overhead verdicts."""
     st = res["settings"]
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}. "
+    out = [command_head(res, end=False) + " "
            f"Config `{st['config']}`, LoGRA {json.dumps(st['logra'])}, default lr {st['default_lr']:g}, high lr "
            f"{st['high_lr']:g}, target_kl T = {st['target_kl']:g}, min_scale {st['min_scale']}, measure_every "
            f"{st['measure_every']}, {st['steps']} steps"

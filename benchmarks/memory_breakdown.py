@@ -41,7 +41,7 @@ from benchmarks.common import (  # noqa: E402
 )  # fmt: skip
 from benchmarks.optimizer_memory import RUN, _build_model  # noqa: E402
 from benchmarks.optimizer_rows import make_optimizer  # noqa: E402
-from benchmarks.report import MB, Report, load_text, num, pct, table  # noqa: E402
+from benchmarks.report import MB, Report, command_head, num, pct, table  # noqa: E402
 
 ROWS = ["logra", "logra_prev", "floor_nograd"]
 MODES = {"profiled": {}, "rss_default": {}, "rss_live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}}
@@ -301,7 +301,7 @@ def _summary(rows: list[dict]) -> dict:
 
 def section(res: dict) -> tuple[list[str], dict]:
     """Per row: live tensor peak, RSS peak under both allocators, the slack; then the largest live groups at the peak."""
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}.", ""]
+    out = [command_head(res, end=False), ""]
     rows = []
     for key, s in res["summary"].items():
         rows.append([key, num(s.get("peak_live_bytes", 0) / MB, ".0f"), num(s.get("rss_live_train_peak_bytes", 0) / MB, ".0f"),

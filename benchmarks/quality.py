@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     CONFIGS, RESULTS, WORK_DIR, budget_args, config_defaults, load_average, logra_fit, machine_info, write_result,
 )  # fmt: skip
-from benchmarks.report import Report, load_text, num, pct, table  # noqa: E402
+from benchmarks.report import Report, command_head, num, pct, table  # noqa: E402
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
@@ -216,8 +216,7 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
 def section(res: dict) -> tuple[list[str], dict]:
     """Held-out accuracy per row: mean ± std over seeds, and against AdamW's."""
     st = res["settings"]
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, "
-           f"at end {load_text(res['load_end'])}. Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
+    out = [command_head(res) + f" Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
            f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
            f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}, {st.get('jobs', 1)} run(s) at a time "
            "(1 torch thread each: s/step is a rough cost figure, accuracy does not depend on it).", ""]  # fmt: skip

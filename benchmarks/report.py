@@ -59,6 +59,12 @@ def load_text(load: dict | None) -> str:
     return "–" if not load else f"{load['1m']:.1f}/{load['5m']:.1f}/{load['15m']:.1f}"
 
 
+def command_head(res: dict, end: bool = True) -> str:
+    """``Command: `...` — N s, load at start A, at end B.`` (``end=False``: without the end load), the start of a section."""
+    text = f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}"
+    return text + (f", at end {load_text(res['load_end'])}." if end else ".")
+
+
 def clip(text: str, n: int) -> str:
     """An error message cut to ``n`` characters, safe inside a table cell."""
     return text[:n].replace("|", "/").replace("\n", " ")

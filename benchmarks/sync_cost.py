@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result  # noqa: E402
-from benchmarks.report import MB, Report, clip, load_text, num, table  # noqa: E402
+from benchmarks.report import MB, Report, command_head, clip, num, table  # noqa: E402
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
@@ -249,8 +249,7 @@ def _run_size(size: str, quick: bool, extra: list[str]) -> dict:
 def section(res: dict) -> tuple[list[str], dict]:
     """Bytes and seconds per sync (full, with bases, coefficients fp32/bf16), bytes per step, drift per wire format."""
     run = res["run"]
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start "
-           f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. "
+    out = [command_head(res) + " "
            f"Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so that refreshes happen), "
            f"LoGRA steps per wire format {json.dumps(run['steps'])}, versions {json.dumps(res['versions'])}; fp32 engine "
            "(vLLM CPU build) keeping each matrix's basis, one engine per size in its own process. \"with bases\": a "

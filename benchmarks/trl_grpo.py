@@ -46,7 +46,7 @@ from benchmarks.common import (  # noqa: E402
     run_worker, write_result,
 )  # fmt: skip
 from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter  # noqa: E402
-from benchmarks.report import MB, Report, clip, load_text, num, pct, table  # noqa: E402
+from benchmarks.report import MB, Report, command_head, clip, load_text, num, pct, table  # noqa: E402
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
@@ -202,8 +202,7 @@ def worker(row: str, s: dict) -> dict:
 def section(res: dict) -> tuple[list[str], dict]:
     """Memory, step time and held-out accuracy: TRL's GRPOTrainer against `logra fit`."""
     st = res["settings"]
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}, at end "
-           f"{load_text(res['load_end'])}. {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+    out = [command_head(res) + f" {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
            f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts.", ""]  # fmt: skip
     rows = []
     for r in res["rows"]:

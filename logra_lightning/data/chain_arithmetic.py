@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 
 from logra_lightning.data.source import PromptSource
-from logra_lightning.data.splits import ANSWER_PREFIX, SPLITS, split_problems
+from logra_lightning.data.splits import ANSWER_PREFIX, check_source_args, split_problems
 from logra_lightning.errors import ConfigError
 
 OPS = "+-"
@@ -101,15 +101,9 @@ class ChainArithmeticSource(PromptSource):
 
     def __init__(self, split: str = "train", digits: int = 3, ops: str = OPS, test_size: int = 256,
                  train_size: int = 20000, seed: int = 0) -> None:  # fmt: skip
-        if split not in SPLITS:
-            raise ConfigError(f"ChainArithmeticSource.split={split!r}: allowed values are {SPLITS}")
-        if not (isinstance(digits, int) and 1 <= digits <= 4):
-            raise ConfigError(f"ChainArithmeticSource.digits={digits!r}: allowed range is 1..4")
+        check_source_args("ChainArithmeticSource", split, test_size, train_size, {"digits": (digits, 1, 4)})
         if not ops or any(op not in OPS for op in ops):
             raise ConfigError(f"ChainArithmeticSource.ops={ops!r}: use a non-empty string of {OPS!r}")
-        for key, value in (("test_size", test_size), ("train_size", train_size)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"ChainArithmeticSource.{key}={value!r}: must be an integer >= 1")
         self.split, self.digits, self.ops = split, digits, ops
         self.test_size, self.train_size, self.seed = test_size, train_size, seed
 

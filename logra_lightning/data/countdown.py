@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 
 from logra_lightning.data.source import PromptSource
-from logra_lightning.data.splits import ANSWER_PREFIX, SPLITS, split_problems
+from logra_lightning.data.splits import ANSWER_PREFIX, check_source_args, split_problems
 from logra_lightning.errors import ConfigError
 
 OPS = "+-*"
@@ -92,17 +92,10 @@ class CountdownSource(PromptSource):
 
     def __init__(self, split: str = "train", max_number: int = 20, ops: str = OPS, max_target: int = 99,
                  test_size: int = 256, train_size: int = 10000, seed: int = 0) -> None:  # fmt: skip
-        if split not in SPLITS:
-            raise ConfigError(f"CountdownSource.split={split!r}: allowed values are {SPLITS}")
-        if not (isinstance(max_number, int) and 2 <= max_number <= 99):
-            raise ConfigError(f"CountdownSource.max_number={max_number!r}: allowed range is 2..99")
+        check_source_args("CountdownSource", split, test_size, train_size,
+                          {"max_number": (max_number, 2, 99), "max_target": (max_target, 1, 999)})  # fmt: skip
         if not ops or any(op not in OPS for op in ops):
             raise ConfigError(f"CountdownSource.ops={ops!r}: use a non-empty string of {OPS!r}")
-        if not (isinstance(max_target, int) and 1 <= max_target <= 999):
-            raise ConfigError(f"CountdownSource.max_target={max_target!r}: allowed range is 1..999")
-        for key, value in (("test_size", test_size), ("train_size", train_size)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"CountdownSource.{key}={value!r}: must be an integer >= 1")
         self.split, self.max_number, self.ops, self.max_target = split, max_number, ops, max_target
         self.test_size, self.train_size, self.seed = test_size, train_size, seed
 

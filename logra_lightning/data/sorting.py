@@ -17,8 +17,7 @@ from __future__ import annotations
 import random
 
 from logra_lightning.data.source import PromptSource
-from logra_lightning.data.splits import ANSWER_PREFIX, SPLITS, split_problems
-from logra_lightning.errors import ConfigError
+from logra_lightning.data.splits import ANSWER_PREFIX, check_source_args, split_problems
 
 
 def make_record(numbers: tuple[int, ...], small: int = 10) -> dict:
@@ -45,15 +44,8 @@ class SortingSource(PromptSource):
 
     def __init__(self, split: str = "train", length: int = 5, max_value: int = 99, test_size: int = 256,
                  train_size: int = 20000, seed: int = 0) -> None:  # fmt: skip
-        if split not in SPLITS:
-            raise ConfigError(f"SortingSource.split={split!r}: allowed values are {SPLITS}")
-        if not (isinstance(length, int) and 2 <= length <= 12):
-            raise ConfigError(f"SortingSource.length={length!r}: allowed range is 2..12")
-        if not (isinstance(max_value, int) and 1 <= max_value <= 999):
-            raise ConfigError(f"SortingSource.max_value={max_value!r}: allowed range is 1..999")
-        for key, value in (("test_size", test_size), ("train_size", train_size)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ConfigError(f"SortingSource.{key}={value!r}: must be an integer >= 1")
+        check_source_args("SortingSource", split, test_size, train_size,
+                          {"length": (length, 2, 12), "max_value": (max_value, 1, 999)})  # fmt: skip
         self.split, self.length, self.max_value = split, length, max_value
         self.test_size, self.train_size, self.seed = test_size, train_size, seed
 

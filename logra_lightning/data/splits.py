@@ -25,6 +25,22 @@ SPLITS = ("train", "test")
 ANSWER_PREFIX = "Answer: "  # every reasoning task ends its completion with "Answer: <final answer>"
 
 
+def check_source_args(what: str, split: str, test_size: int, train_size: int,
+                      ranges: dict[str, tuple[Any, int, int]]) -> None:  # fmt: skip
+    """Raise a ``ConfigError`` naming ``what.key=value`` for a bad split, integer out of range or split size.
+
+    ``ranges`` maps an argument's name to ``(value, low, high)`` (inclusive), checked in order.
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"{what}.split={split!r}: allowed values are {SPLITS}")
+    for key, (value, low, high) in ranges.items():
+        if not (isinstance(value, int) and low <= value <= high):
+            raise ConfigError(f"{what}.{key}={value!r}: allowed range is {low}..{high}")
+    for key, value in (("test_size", test_size), ("train_size", train_size)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ConfigError(f"{what}.{key}={value!r}: must be an integer >= 1")
+
+
 def split_problems(draw: Callable[[random.Random], Any], seed: int, test_size: int, train_size: int,
                    split: str, what: str, key: Callable[[Any], Hashable] = lambda p: p) -> list:  # fmt: skip
     """``test_size`` distinct problems from ``draw(rng)``, or the next ``train_size`` distinct ones not among them.
