@@ -45,7 +45,7 @@ from benchmarks.report import Report, table  # noqa: E402
 TASKS = ("arithmetic", "countdown", "sorting")
 ROWS = ("adamw", "logra", "lora")
 RANK = 16
-SWEEP_LRS = {"adamw": [1e-4, 3e-4, 1e-3], "logra": [1e-4, 3e-4, 1e-3], "lora": [1e-4, 3e-4, 1e-3]}
+SWEEP_LRS = {"adamw": [1e-5, 3e-5, 1e-4], "logra": [1e-5, 3e-5, 1e-4], "lora": [1e-4, 3e-4, 1e-3]}
 PAPER_REDUCTION = 0.457  # "45.7% lower average training memory" (LoGRA vs dense, the paper's abstract)
 # Sized to the shared 2-core machine (README: about 10-25 s per RL step and 3-6 min of start-up per run there).
 FULL = dict(steps=20, sweep_steps=8, sweep_lrs=3, sweep_task="arithmetic", seeds=[0, 1], jobs=2, test_size=None,

@@ -5,7 +5,9 @@ callbacks, and leaves out ``MemoryMonitor``, which resets the kernel's peak coun
 It writes ``memory.json`` into the run's log directory at the end of the fit:
 
 * ``rss_before_model_bytes``: ``VmRSS`` in the callback's ``setup``, which Lightning calls after the
-  data module's ``setup`` and before the module's (so before the policy and the engine are built);
+  data module's ``setup`` and before the module's (so before the policy and the engine are built). With a
+  vLLM engine, ``vllm`` is imported first: its modules (~185 MB of RSS here) are a fixed cost of the process,
+  like torch's, not training memory;
 * ``peak_rss_bytes``: ``VmHWM`` at the end of the fit, the highest resident set the trainer
   process ever had (model, optimizer, activations, vLLM client, evaluation; the vLLM engine runs in
   processes of its own and is not counted);
@@ -26,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import json
 import resource
 from pathlib import Path
@@ -59,6 +62,8 @@ class TrainerPeakMemory(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
+            if type(getattr(pl_module, "engine_spec", None)).__module__ == "logra_lightning.rollout.vllm":
+                importlib.import_module("vllm")  # the library's pages before the baseline (module doc)
             self.record = {"rss_before_model_bytes": _status_bytes("VmRSS"), "param_bytes": 0, "grad_bytes": 0,
                            "optimizer_state_bytes": 0}  # fmt: skip
 

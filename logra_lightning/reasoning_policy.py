@@ -24,16 +24,23 @@ it already has is wanted, as RL post-training of LLMs mostly does.
 
 Run it alone: ``python -m logra_lightning.reasoning_policy`` (prints the path and accuracies).
 
-**Cost and result** (measured on the 2-core machine shared with other jobs, 1 thread, batch 32, sequences
-up to ~52 tokens): about 4 s of CPU per step; the 250 steps took 2294 s wall at load 7-20 (about 17 min
-on an idle core), plus the tokenizer, data and 3 x 256 greedy evaluations. The loss on completion tokens
-went 1.67 / 1.24 / 1.19 / 0.96 / 0.98 at steps 25 / 50 / 100 / 200 / 250 (identical in a second run: the
-warm-up is deterministic). **That budget is far too small**: the policy writes every task's format (and
-the slip: a trailing ``.`` on 88% / 32% / 42% of held-out arithmetic / countdown / sorting answers) but
-gets 0.0% of the answers right on each task, even ignoring the ``.`` (e.g. ``588+466=`` ->
-``8+5=10, 5+5+1=10, 6+5+1=11; Answer: 1131.``). RL cannot select a behaviour the policy does not have, so
-the accuracy half of ``benchmarks/reasoning_tasks.py`` needs a much longer warm-up (or easier tasks)
-before it means anything; the memory half does not depend on it.
+**Problem ranges.** :data:`TASK_ARGS` sizes the tasks to what the 20M policy learns in the warm-up budget
+here (2-digit arithmetic, countdown with numbers up to 12 and targets up to 60, sorting 4 numbers up to 49);
+the first try (3-digit arithmetic, countdown up to 20/99, sorting 5 numbers up to 99, 250 steps) ended at
+0.0% on every task. The configs ``configs/reasoning_<task>.yaml`` ask for the same ranges (a test checks it).
+
+**Two stages.** ``builtin:reasoning-20m-stage1`` is 1200 steps from the random init (peak lr 2e-3);
+``builtin:reasoning-20m`` continues from its weights for 800 steps (peak lr 1e-3, ``init_from``). The split
+lets a longer warm-up reuse a cached first stage; building ``reasoning-20m`` from an empty cache builds both.
+
+**Cost and result** (measured 2026-12-04 on the 2-core machine, mostly idle, 2 torch threads, batch 32): 1.4 s per
+step; stage 1 took 1699 s, stage 2 1187 s (48 min in all, plus a few seconds of evaluation). The loss on
+completion tokens went 1.45 / 0.53 / 0.30 at steps 25 / 600 / 1200, then 0.19 after stage 2. Held-out
+greedy accuracy (256 problems per task; in brackets with a trailing ``.`` ignored), after stage 1 / stage 2:
+arithmetic 13.7% (18.0%) / **41.8% (63.3%)**, countdown 1.2% (2.0%) / **0.8% (2.0%)**, sorting 1.6% (5.1%) /
+**2.0% (7.4%)**. Arithmetic lands where the demo's policy is, with room for RL; countdown and sorting are barely
+learned at this budget (the progress log showed them at 0-9% on 32 problems throughout), so RL has almost
+nothing to select there and their accuracy columns in ``benchmarks/reasoning_tasks.py`` say little.
 
 Example::
 
@@ -65,11 +72,18 @@ from logra_lightning.data.countdown import CountdownSource
 from logra_lightning.data.sorting import SortingSource
 from logra_lightning.models import EOS, PAD, TinyModelConfig, load_policy, tiny_qwen2_config
 
-# task name -> (source class, reward class path); the warm-up and the benchmark use the sources' defaults
+# task name -> (source class, reward class path)
 TASKS = {
     "arithmetic": (ChainArithmeticSource, "logra_lightning.rewards.AnswerMatchReward"),
     "countdown": (CountdownSource, "logra_lightning.rewards.CountdownReward"),
     "sorting": (SortingSource, "logra_lightning.rewards.AnswerMatchReward"),
+}
+# The suite's problem ranges (source arguments), sized so that the 20M policy learns each task in the warm-up
+# budget of this machine (module doc, "Cost"); configs/reasoning_<task>.yaml use the same (tests/test_reasoning_tasks.py).
+TASK_ARGS = {
+    "arithmetic": {"digits": 2, "ops": "+-", "train_size": 8000},
+    "countdown": {"max_number": 12, "max_target": 60, "train_size": 2500},
+    "sorting": {"length": 4, "max_value": 49},
 }
 
 # Head dim 64 (vLLM rejects 16). 19.8M parameters with the 512-row embedding and head.
@@ -83,12 +97,13 @@ TINY_REASONING = TinyModelConfig(architecture="llama", hidden_size=64, num_layer
 class ReasoningWarmupConfig:
     """Tokenizer, model and supervised warm-up of a reasoning policy. ``steps=0`` keeps the random init."""
 
-    steps: int = 250  # sized to the 2-core machine (module doc, "Cost")
+    steps: int = 1200  # sized to the 2-core machine (module doc, "Cost")
     lr: float = 2e-3  # peak; linear warm-up over `lr_warmup` steps, then cosine decay to 0
-    lr_warmup: int = 20
+    lr_warmup: int = 50
     batch_size: int = 32
     seed: int = 0
     tasks: tuple[str, ...] = tuple(TASKS)
+    task_args: dict[str, dict] = field(default_factory=lambda: {t: dict(a) for t, a in TASK_ARGS.items()})
     test_size: int = 256  # held-out problems per task (the sources' default: the benchmark's held-out set)
     bpe_vocab_size: int = 512  # BPE stops earlier when no pair is left to merge (about 280 on this text)
     tokenizer_texts: int = 3000  # problems per task in the tokenizer's training text
@@ -96,9 +111,12 @@ class ReasoningWarmupConfig:
     # and for the others.
     format_noise: tuple[float, float] = (0.9, 0.1)
     noise_suffix: str = "."
-    threads: int = 1  # torch threads of the warm-up (results differ in the last bits between thread counts)
+    threads: int = 2  # torch threads of the warm-up (results differ in the last bits between thread counts)
     eval_max_new_tokens: int = 40
     model: TinyModelConfig = field(default_factory=lambda: REASONING_20M)
+    # A second stage: the built-in model (a name in warmup.BUILTIN_MODELS, same tokenizer settings) whose weights
+    # start this warm-up instead of the random init; its own lr schedule runs again from the start.
+    init_from: str | None = None
 
     def build(self, path: str | Path) -> str:
         """Random-init model and trained tokenizer at ``path`` (what :func:`build_reasoning_model` does)."""
@@ -110,9 +128,9 @@ class ReasoningWarmupConfig:
 
 
 def task_records(cfg: ReasoningWarmupConfig, task: str, split: str, train_size: int | None = None) -> list[dict]:
-    """The records of ``task``'s ``split`` with the sources' default problem ranges."""
+    """The records of ``task``'s ``split`` with the suite's problem ranges (``cfg.task_args``)."""
     source, _ = TASKS[task]
-    kwargs = {"test_size": cfg.test_size, "seed": cfg.seed}
+    kwargs = {**cfg.task_args.get(task, {}), "test_size": cfg.test_size, "seed": cfg.seed}
     if train_size is not None:
         kwargs["train_size"] = train_size
     return source(split, **kwargs).load()
@@ -141,7 +159,7 @@ def tokenizer_texts(cfg: ReasoningWarmupConfig) -> list[str]:
     """Training text of the tokenizer: prompts and reference completions of every task, some with the slip."""
     texts = []
     for task in cfg.tasks:
-        for i, r in enumerate(task_records(cfg, task, "train", train_size=cfg.tokenizer_texts)):
+        for i, r in enumerate(task_records(cfg, task, "train")[: cfg.tokenizer_texts]):
             texts.append(f"{r['prompt']} {r['solution']}{cfg.noise_suffix if i % 5 == 0 else ''}")
     return texts
 
@@ -174,8 +192,11 @@ def demonstrations(cfg: ReasoningWarmupConfig, rng: random.Random) -> list[list[
     return out
 
 
-def evaluate_tasks(model, tokenizer, cfg: ReasoningWarmupConfig) -> dict[str, dict[str, float]]:
-    """Per task: held-out greedy accuracy under the task's reward, and with a trailing ``noise_suffix`` removed."""
+def evaluate_tasks(model, tokenizer, cfg: ReasoningWarmupConfig, limit: int | None = None) -> dict[str, dict[str, float]]:
+    """Per task: held-out greedy accuracy under the task's reward, and with a trailing ``noise_suffix`` removed.
+
+    ``limit`` evaluates only the first ``limit`` held-out problems of each task.
+    """
     from logra_lightning.warmup import greedy_completions
 
     out = {}
@@ -183,7 +204,7 @@ def evaluate_tasks(model, tokenizer, cfg: ReasoningWarmupConfig) -> dict[str, di
         _, reward_path = TASKS[task]
         module, name = reward_path.rsplit(".", 1)
         reward = getattr(importlib.import_module(module), name)()
-        test = task_records(cfg, task, "test")
+        test = task_records(cfg, task, "test")[:limit]
         texts = greedy_completions(model, tokenizer, test, max_new_tokens=cfg.eval_max_new_tokens)
         prompts, answers = [r["prompt"] for r in test], [r["answer"] for r in test]
         clean = [t[: -len(cfg.noise_suffix)] if t.endswith(cfg.noise_suffix) else t for t in texts]
@@ -193,8 +214,23 @@ def evaluate_tasks(model, tokenizer, cfg: ReasoningWarmupConfig) -> dict[str, di
     return out
 
 
-def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: int = 25) -> dict:
-    """Build the policy at ``path``, train it on the tasks' demonstrations, evaluate, save; return a summary."""
+def _load_stage(model, tokenizer, name: str) -> None:
+    """Copy the weights of the built-in model ``name`` (built first if needed) into ``model``."""
+    from logra_lightning.errors import ConfigError
+    from logra_lightning.warmup import resolve_model
+
+    base, base_tok = load_policy(resolve_model(f"builtin:{name}"))
+    if base_tok.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"init_from={name!r}: its tokenizer differs from this warm-up's (tasks or BPE settings differ)")
+    model.load_state_dict(base.state_dict())
+
+
+def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: int = 25, eval_every: int = 200) -> dict:
+    """Build the policy at ``path``, train it on the tasks' demonstrations, evaluate, save; return a summary.
+
+    Every ``eval_every`` steps the held-out accuracy on the first 32 problems per task is printed (progress only;
+    greedy decoding draws no random numbers, so the result does not depend on it).
+    """
     from logra_lightning.warmup import sft_batch, warmup_cosine
 
     threads = torch.get_num_threads()
@@ -202,6 +238,8 @@ def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: i
     try:
         build_reasoning_model(path, cfg)
         model, tok = load_policy(str(path))
+        if cfg.init_from:
+            _load_stage(model, tok, cfg.init_from)
         rng = random.Random(cfg.seed)
         demos = demonstrations(cfg, rng)
         torch.manual_seed(cfg.seed)
@@ -222,6 +260,13 @@ def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: i
             if log_every and (step + 1) % log_every == 0:
                 print(f"[reasoning warm-up] step {step + 1}/{cfg.steps} loss {loss:.4f} "
                       f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
+            if eval_every and (step + 1) % eval_every == 0 and step + 1 < cfg.steps:
+                model.eval()
+                acc = evaluate_tasks(model, tok, cfg, limit=32)
+                model.train()
+                print(f"[reasoning warm-up] step {step + 1}: held-out greedy accuracy on 32 problems (ignoring the slip) "
+                      + ", ".join(f"{t} {a['greedy_accuracy']:.0%} ({a['greedy_accuracy_ignoring_suffix']:.0%})"
+                                  for t, a in acc.items()), flush=True)  # fmt: skip
         train_seconds = time.perf_counter() - start
         model.eval()
         tasks = evaluate_tasks(model, tok, cfg)
@@ -230,7 +275,7 @@ def warm_up_reasoning(path: str | Path, cfg: ReasoningWarmupConfig, log_every: i
     mean = lambda key: sum(t[key] for t in tasks.values()) / len(tasks)  # noqa: E731
     summary = {"steps": cfg.steps, "final_loss": loss, "seconds": train_seconds,
                "eval_seconds": time.perf_counter() - start - train_seconds,
-               "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
+               "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok), "init_from": cfg.init_from,
                "load_average_start": load_start, "load_average_end": os.getloadavg(),
                "test_accuracy": mean("greedy_accuracy"),
                "test_accuracy_ignoring_suffix": mean("greedy_accuracy_ignoring_suffix"), "tasks": tasks}  # fmt: skip

@@ -25,7 +25,7 @@ Example::
 
     >>> from logra_lightning.warmup import BUILTIN_MODELS
     >>> sorted(BUILTIN_MODELS)
-    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw', 'reasoning-20m']
+    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw', 'reasoning-20m', 'reasoning-20m-stage1']
 """
 
 from __future__ import annotations
@@ -89,8 +89,10 @@ BUILTIN_MODELS: dict[str, WarmupConfig | ReasoningWarmupConfig] = {
                                           model=replace(ARITHMETIC_TINY, architecture="llama")),
     "arithmetic-tiny-gemma3": WarmupConfig(steps=800, format_noise=(0.9, 0.1),
                                            model=replace(ARITHMETIC_TINY, architecture="gemma3", tie_word_embeddings=True)),
-    # ~20M Llama, BPE tokenizer, three reasoning tasks (logra_lightning.reasoning_policy; benchmarks/reasoning_tasks.py)
-    "reasoning-20m": ReasoningWarmupConfig(),
+    # ~20M Llama, BPE tokenizer, three reasoning tasks (logra_lightning.reasoning_policy; benchmarks/reasoning_tasks.py):
+    # a first stage of 1200 steps, then 800 more from its weights (module doc, "Cost and result")
+    "reasoning-20m-stage1": ReasoningWarmupConfig(),
+    "reasoning-20m": ReasoningWarmupConfig(init_from="reasoning-20m-stage1", steps=800, lr=1e-3, lr_warmup=20),
 }
 
 
@@ -98,8 +100,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LOGRA_CACHE_DIR", ".cache/logra")).expanduser()
 
 
-def _key(cfg: WarmupConfig) -> str:
-    blob = json.dumps({"v": WARMUP_VERSION, **asdict(cfg)}, sort_keys=True)
+def _key(cfg: WarmupConfig | ReasoningWarmupConfig) -> str:
+    base = getattr(cfg, "init_from", None)  # a second stage: its key changes with its first stage's
+    blob = json.dumps({"v": WARMUP_VERSION, **asdict(cfg), **({"init_key": _key(BUILTIN_MODELS[base])} if base else {})},
+                      sort_keys=True)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

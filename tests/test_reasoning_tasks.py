@@ -242,7 +242,7 @@ def test_warm_up_writes_per_task_accuracy_and_sloppy_demonstrations(tmp_path: Pa
                                 eval_max_new_tokens=4)  # fmt: skip
     demos = demonstrations(cfg, random.Random(0))
     for task_demos, task in zip(demos, cfg.tasks):
-        records = SOURCES[task]("train", test_size=cfg.test_size).load()
+        records = reasoning_policy.task_records(cfg, task, "train")
         slipped = [d["answer"].endswith(".") for d in task_demos]
         prone = [r["slip_prone"] for r in records]
         share = lambda flag: sum(s for s, p in zip(slipped, prone) if p == flag) / sum(p == flag for p in prone)  # noqa: E731
@@ -253,6 +253,41 @@ def test_warm_up_writes_per_task_accuracy_and_sloppy_demonstrations(tmp_path: Pa
     for task in cfg.tasks:
         got = saved["tasks"][task]
         assert 0.0 <= got["greedy_accuracy"] <= got["greedy_accuracy_ignoring_suffix"] <= 1.0
+
+
+def test_a_second_stage_starts_from_its_first_stages_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from logra_lightning import warmup
+    from logra_lightning.models import load_policy
+    from logra_lightning.reasoning_policy import TINY_REASONING, ReasoningWarmupConfig
+
+    small = dict(model=TINY_REASONING, batch_size=2, test_size=4, tokenizer_texts=50, eval_max_new_tokens=2)
+    stages = {"first": ReasoningWarmupConfig(steps=1, **small),
+              "second": ReasoningWarmupConfig(init_from="first", steps=0, **small),
+              "other_tokenizer": ReasoningWarmupConfig(init_from="first", steps=0, **{**small, "tokenizer_texts": 20})}
+    monkeypatch.setattr(warmup, "BUILTIN_MODELS", stages)
+    monkeypatch.setenv("LOGRA_CACHE_DIR", str(tmp_path))
+    second = warmup.resolve_model("builtin:second")
+    first = warmup.resolve_model("builtin:first")  # built by the second stage, found in the cache now
+    a, b = load_policy(first)[0].state_dict(), load_policy(second)[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    key = warmup._key(stages["second"])
+    monkeypatch.setitem(stages, "first", ReasoningWarmupConfig(steps=2, **small))
+    assert warmup._key(stages["second"]) != key  # a changed first stage rebuilds the second
+    with pytest.raises(ConfigError, match="init_from='first'.*tokenizer"):
+        warmup.resolve_model("builtin:other_tokenizer")
+
+
+@pytest.mark.parametrize("task", sorted(SOURCES))
+def test_config_asks_for_the_problems_the_policy_was_warmed_up_on(task: str) -> None:
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.load(ROOT / "configs" / f"reasoning_{task}.yaml").data
+    for split in ("train", "val"):
+        args = OmegaConf.to_container(data[split].init_args)
+        assert data[split].class_path.endswith(SOURCES[task].__name__)
+        assert {k: args.get(k) for k in reasoning_policy.TASK_ARGS[task]} == reasoning_policy.TASK_ARGS[task], split
 
 
 @pytest.mark.parametrize("task", sorted(SOURCES))
