@@ -38,6 +38,7 @@ import lightning as L
 from typing_extensions import override
 
 from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
+from logra_lightning.rollout.vllm import VLLMEngineSpec  # imports vllm itself only when an engine is built
 
 FILE = "memory.json"
 
@@ -62,7 +63,7 @@ class TrainerPeakMemory(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
-            if type(getattr(pl_module, "engine_spec", None)).__module__ == "logra_lightning.rollout.vllm":
+            if isinstance(getattr(pl_module, "engine_spec", None), VLLMEngineSpec):
                 importlib.import_module("vllm")  # the library's pages before the baseline (module doc)
             self.record = {"rss_before_model_bytes": _status_bytes("VmRSS"), "param_bytes": 0, "grad_bytes": 0,
                            "optimizer_state_bytes": 0}  # fmt: skip

@@ -70,6 +70,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from logra_lightning.data.chain_arithmetic import ChainArithmeticSource
 from logra_lightning.data.countdown import CountdownSource
 from logra_lightning.data.sorting import SortingSource
+from logra_lightning.errors import ConfigError
 from logra_lightning.models import EOS, PAD, TinyModelConfig, load_policy, tiny_qwen2_config
 
 # task name -> (source class, reward class path)
@@ -127,13 +128,10 @@ class ReasoningWarmupConfig:
         return warm_up_reasoning(path, self)
 
 
-def task_records(cfg: ReasoningWarmupConfig, task: str, split: str, train_size: int | None = None) -> list[dict]:
+def task_records(cfg: ReasoningWarmupConfig, task: str, split: str) -> list[dict]:
     """The records of ``task``'s ``split`` with the suite's problem ranges (``cfg.task_args``)."""
     source, _ = TASKS[task]
-    kwargs = {**cfg.task_args.get(task, {}), "test_size": cfg.test_size, "seed": cfg.seed}
-    if train_size is not None:
-        kwargs["train_size"] = train_size
-    return source(split, **kwargs).load()
+    return source(split, **cfg.task_args.get(task, {}), test_size=cfg.test_size, seed=cfg.seed).load()
 
 
 def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -216,8 +214,7 @@ def evaluate_tasks(model, tokenizer, cfg: ReasoningWarmupConfig, limit: int | No
 
 def _load_stage(model, tokenizer, name: str) -> None:
     """Copy the weights of the built-in model ``name`` (built first if needed) into ``model``."""
-    from logra_lightning.errors import ConfigError
-    from logra_lightning.warmup import resolve_model
+    from logra_lightning.warmup import resolve_model  # warmup imports this module
 
     base, base_tok = load_policy(resolve_model(f"builtin:{name}"))
     if base_tok.get_vocab() != tokenizer.get_vocab():
