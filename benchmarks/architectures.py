@@ -1,8 +1,8 @@
 """Every supported architecture, trained and synced: LoGRA steps, low-rank syncs into vLLM, drift.
 
-For each family in :data:`logra_lightning.architectures.ARCHITECTURES` a tiny random-init
+For each family in :data:`logra_lightning.models.architectures.ARCHITECTURES` a tiny random-init
 model is built locally (2 layers, hidden 128, head dim 64, fp32), then ``steps`` RL steps
-of :class:`~logra_lightning.module.PolicyGradientModule` run on arithmetic prompts (reward: the
+of :class:`~logra_lightning.rl.module.PolicyGradientModule` run on arithmetic prompts (reward: the
 share of digits in a completion, so a random-init model gets varied rewards) with
 LoGRA, a vLLM CPU engine, and :class:`~logra_lightning.callbacks.LowRankWeightSync`
 (one full sync at the start, a low-rank sync after every step). Recorded per family:
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, load_average, machine_info, write_result  # noqa: E402
-from benchmarks.report import Report, command_head, clip, met, num, table  # noqa: E402
+from benchmarks.report import Report, clip, command_head, met, num, table  # noqa: E402
 
 TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
@@ -65,18 +65,19 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
     """Build, train ``steps`` steps and sync family ``arch``; return its record (see the module notes)."""
     import lightning as L
 
-    from logra_lightning.architectures import ARCHITECTURES
     from logra_lightning.callbacks import LowRankWeightSync
     from logra_lightning.data import ArithmeticSource, PromptDataModule
     from logra_lightning.models import TinyModelConfig, build_tiny_model
-    from logra_lightning.module import PolicyGradientModule
+    from logra_lightning.models.architectures import ARCHITECTURES
     from logra_lightning.optim import LoGRA
+    from logra_lightning.rl.module import PolicyGradientModule
     from logra_lightning.rollout import VLLMEngineSpec
-    from logra_lightning.sync_wire import tensor_nbytes
+    from logra_lightning.sync.wire import tensor_nbytes
 
     t0 = time.perf_counter()
-    path = build_tiny_model(Path(workdir) / arch, TinyModelConfig(architecture=arch, num_layers=2,
-                                                                  tie_word_embeddings=arch in TIED))  # fmt: skip
+    path = build_tiny_model(
+        Path(workdir) / arch, TinyModelConfig(architecture=arch, num_layers=2, tie_word_embeddings=arch in TIED)
+    )
     gaps: list[list[float]] = []
     record: dict = {"architecture": arch, "hf_class": ARCHITECTURES[arch].hf_class, "tied_embeddings": arch in TIED}
 
@@ -90,40 +91,62 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
             pl_module.engine_logprob_gap = None
 
         def on_train_end(self, trainer, pl_module):  # the engine is still up: sample after the last sync
-            record["final_gap_mean"], record["final_gap_max"] = sampled_gap(pl_module.engine, pl_module.policy,
-                                                                            pl_module.tokenizer)  # fmt: skip
+            record["final_gap_mean"], record["final_gap_max"] = sampled_gap(
+                pl_module.engine, pl_module.policy, pl_module.tokenizer
+            )
             start = record.pop("start_weights")
-            moved = [float((p.detach() - start[n]).norm() / start[n].norm().clamp_min(1e-12))
-                     for n, p in pl_module.policy.named_parameters() if p.ndim >= 2]  # fmt: skip
+            moved = [
+                float((p.detach() - start[n]).norm() / start[n].norm().clamp_min(1e-12))
+                for n, p in pl_module.policy.named_parameters()
+                if p.ndim >= 2
+            ]
             record["relative_weight_change_max"] = max(moved)
             opt = trainer.optimizers[0]
             record["lowrank_params"] = sum(len(g["params"]) for g in opt.param_groups if g.get("rank"))
-            record["lowrank_3d_params"] = sum(p.ndim == 3 for g in opt.param_groups if g.get("rank") for p in g["params"])
+            record["lowrank_3d_params"] = sum(
+                p.ndim == 3 for g in opt.param_groups if g.get("rank") for p in g["params"]
+            )
             record["dense_params"] = sum(len(g["params"]) for g in opt.param_groups if not g.get("rank"))
 
     sync = LowRankWeightSync(full_sync_every=0)
     module = PolicyGradientModule(
-        model=path, optimizer=functools.partial(LoGRA, lr=lr, rank=rank, update_proj_gap=2, weight_decay=0.01),
+        model=path,
+        optimizer=functools.partial(LoGRA, lr=lr, rank=rank, update_proj_gap=2, weight_decay=0.01),
         engine=VLLMEngineSpec(dtype="float32", kv_cache_space_gb=0.25, max_model_len=64, seed=0),
-        reward=digit_share, group_size=8, max_new_tokens=8, torch_threads=1,
-    )  # fmt: skip
+        reward=digit_share,
+        group_size=8,
+        max_new_tokens=8,
+        torch_threads=1,
+    )
     source = functools.partial(ArithmeticSource, max_digits=2, ops="+", test_size=16, seed=0)
     dm = PromptDataModule(source("train"), source("test"), batch_size=8, val_batch_size=16)
-    trainer = L.Trainer(max_steps=steps, callbacks=[sync, Watch()], logger=False, enable_checkpointing=False,
-                        default_root_dir=str(Path(workdir) / arch),  # where the module's summary.json goes
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                        num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[sync, Watch()],
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=str(Path(workdir) / arch),  # where the module's summary.json goes
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     trainer.fit(module, dm)
     dense_bytes = sum(map(tensor_nbytes, module.policy.parameters()))
     record.update(
-        steps=steps, full_syncs=sync.full_syncs, lowrank_syncs=sync.lowrank_syncs,
-        step_gap_mean=[g[0] for g in gaps], step_gap_max=[g[1] for g in gaps],
+        steps=steps,
+        full_syncs=sync.full_syncs,
+        lowrank_syncs=sync.lowrank_syncs,
+        step_gap_mean=[g[0] for g in gaps],
+        step_gap_max=[g[1] for g in gaps],
         drift_max=max([g[1] for g in gaps[1:] if g[1] == g[1]] + [record["final_gap_max"]]),
-        skipped_steps=module._skipped_steps,
+        skipped_steps=module.faults.skipped_steps,
         lowrank_sync_bytes=(sync.total_bytes - dense_bytes) / max(sync.lowrank_syncs, 1),
-        full_sync_bytes=dense_bytes, params=sum(p.numel() for p in module.policy.parameters()),
+        full_sync_bytes=dense_bytes,
+        params=sum(p.numel() for p in module.policy.parameters()),
         seconds=time.perf_counter() - t0,
-    )  # fmt: skip
+    )
     record["lowrank_sync_share"] = record["lowrank_sync_bytes"] / dense_bytes
     return record
 
@@ -134,22 +157,43 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
 def section(res: dict) -> tuple[list[str], dict]:
     """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
     steps = next((r["steps"] for r in res["rows"] if r.get("ok")), "?")
-    out = [command_head(res) + f" Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
-           f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
-           "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
-           f"low-rank syncs (limit {res['drift_limit']:g}).", ""]  # fmt: skip
+    out = [
+        command_head(res) + f" Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
+        f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
+        "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
+        f"low-rank syncs (limit {res['drift_limit']:g}).",
+        "",
+    ]
     rows = []
     for r in res["rows"]:
         if not r.get("ok"):
             rows.append([r["architecture"], "failed: " + clip(r.get("error", ""), 160)] + [""] * 6)
             continue
-        rows.append([r["architecture"], f"`{r['hf_class']}`", "tied" if r["tied_embeddings"] else "untied",
-                     f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
-                     f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= res['drift_limit'])})",
-                     f"{r['lowrank_sync_share']:.3f}", num(r["relative_weight_change_max"], ".3f"),
-                     num(r["seconds"], ".0f")])  # fmt: skip
-    out += table(["family", "HF / vLLM class", "embeddings", "LoGRA matrices / dense params", "drift max",
-                  "low-rank sync bytes / full", "max relative weight change", "s"], rows) + [""]  # fmt: skip
+        rows.append(
+            [
+                r["architecture"],
+                f"`{r['hf_class']}`",
+                "tied" if r["tied_embeddings"] else "untied",
+                f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
+                f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= res['drift_limit'])})",
+                f"{r['lowrank_sync_share']:.3f}",
+                num(r["relative_weight_change_max"], ".3f"),
+                num(r["seconds"], ".0f"),
+            ]
+        )
+    out += table(
+        [
+            "family",
+            "HF / vLLM class",
+            "embeddings",
+            "LoGRA matrices / dense params",
+            "drift max",
+            "low-rank sync bytes / full",
+            "max relative weight change",
+            "s",
+        ],
+        rows,
+    ) + [""]
     return out, {}
 
 
@@ -157,7 +201,7 @@ REPORTS = {"architectures": Report("Every architecture: low-rank sync into vLLM"
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from logra_lightning.architectures import ARCHITECTURES
+    from logra_lightning.models.architectures import ARCHITECTURES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
@@ -180,12 +224,18 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"ok": True, **run_arch(arch, args.workdir, steps=args.steps)})
         except Exception as e:  # a failed family is a recorded row, not a missing one
             rows.append({"architecture": arch, "ok": False, "error": f"{type(e).__name__}: {e}"})
-        print({k: rows[-1].get(k) for k in ("architecture", "ok", "drift_max", "lowrank_sync_share", "error")}, flush=True)
+        print(
+            {k: rows[-1].get(k) for k in ("architecture", "ok", "drift_max", "lowrank_sync_share", "error")}, flush=True
+        )
     result = {
         "command": "python benchmarks/architectures.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine_info(), "load_start": load, "load_end": load_average(),
-        "wall_seconds": time.perf_counter() - start, "drift_limit": 1e-4, "rows": rows,
-    }  # fmt: skip
+        "machine": machine_info(),
+        "load_start": load,
+        "load_end": load_average(),
+        "wall_seconds": time.perf_counter() - start,
+        "drift_limit": 1e-4,
+        "rows": rows,
+    }
     write_result(args.out, result)
     return result
 

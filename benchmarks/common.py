@@ -66,8 +66,13 @@ def machine_info() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     versions = {d: _version(d) for d in ("torch", "transformers", "lightning", *PEERS)}
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem_total_bytes": mem, "python": platform.python_version(),
-            "versions": versions}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_total_bytes": mem,
+        "python": platform.python_version(),
+        "versions": versions,
+    }
 
 
 def shape_config(name: str) -> dict[str, Any]:
@@ -88,7 +93,9 @@ def config_defaults(path: str | Path) -> dict[str, Any]:
     opt = model.get("optimizer", {})
     init = opt.get("init_args", {}) if isinstance(opt, dict) else {}
     return {
-        "config": str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path),
+        "config": str(Path(path).resolve().relative_to(ROOT))
+        if Path(path).resolve().is_relative_to(ROOT)
+        else str(path),
         "optimizer": opt.get("class_path") if isinstance(opt, dict) else opt,
         "lr": float(init["lr"]) if "lr" in init else None,
         "rank": init.get("rank"),
@@ -120,16 +127,18 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str] | None = None
     start = time.perf_counter()
     with open(log_path, "w") as log:
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                cwd=ROOT, timeout=timeout).returncode  # fmt: skip
+            rc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=ROOT, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = -9
     tail = log_path.read_text(errors="replace")[-3000:]
     return {"rc": rc, "seconds": time.perf_counter() - start, "log_tail": tail}
 
 
-def run_worker(script: str | Path, args: list[str], out: Path, *, env: dict[str, str] | None = None,
-               timeout: float | None = None) -> tuple[dict | None, str]:
+def run_worker(
+    script: str | Path, args: list[str], out: Path, *, env: dict[str, str] | None = None, timeout: float | None = None
+) -> tuple[dict | None, str]:
     """Run ``python SCRIPT ARGS --worker-out OUT`` (a benchmark measuring one row in a fresh process).
 
     Returns ``(the JSON the worker wrote to OUT, "")``, or ``(None, why)`` when it wrote nothing:
@@ -184,9 +193,17 @@ def budget_args(steps: int, val_every: int, test_size: int | None = None) -> lis
     return args
 
 
-def logra_fit(name: str, config: str | Path, args: list[str], *, optimizer: dict | None = None,
-              callbacks: list[dict] | None = None, work_dir: Path = WORK_DIR, timeout: float | None = None,
-              env: dict[str, str] | None = None) -> dict:
+def logra_fit(
+    name: str,
+    config: str | Path,
+    args: list[str],
+    *,
+    optimizer: dict | None = None,
+    callbacks: list[dict] | None = None,
+    work_dir: Path = WORK_DIR,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
     """One ``logra fit --config CONFIG ARGS`` in a subprocess; returns its summary and TensorBoard scalars.
 
     ``optimizer`` / ``callbacks`` replace the config's (``class_path`` + ``init_args`` dicts;
@@ -200,20 +217,43 @@ def logra_fit(name: str, config: str | Path, args: list[str], *, optimizer: dict
 
     log_dir = Path(work_dir) / name / "version_0"
     shutil.rmtree(log_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "logra_lightning", "fit", "--config", str(config),
-           "--trainer.logger.init_args.save_dir", str(work_dir), "--trainer.logger.init_args.name", name,
-           "--trainer.logger.init_args.version", "0", "--trainer.enable_checkpointing", "false", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "logra_lightning",
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.logger.init_args.save_dir",
+        str(work_dir),
+        "--trainer.logger.init_args.name",
+        name,
+        "--trainer.logger.init_args.version",
+        "0",
+        "--trainer.enable_checkpointing",
+        "false",
+        *args,
+    ]
     if optimizer is not None:
         cmd += ["--model.optimizer", json.dumps(optimizer)]
     callbacks = config_callbacks(config) if callbacks is None else callbacks
     cmd += ["--trainer.callbacks", json.dumps([c for c in callbacks if not _is(c, "ModelCheckpoint")])]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),
-           "TOKENIZERS_PARALLELISM": "false", **(env or {})}  # fmt: skip
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
     load_before = load_average()
     proc = run_logged(cmd, log_dir.parent / f"{log_dir.name}.log", env=env, timeout=timeout)
-    out: dict[str, Any] = {"name": name, "command": " ".join(cmd[1:]), "seconds": round(proc["seconds"], 1),
-                           "load_before": load_before, "load_after": load_average(), "log_dir": str(log_dir)}  # fmt: skip
+    out: dict[str, Any] = {
+        "name": name,
+        "command": " ".join(cmd[1:]),
+        "seconds": round(proc["seconds"], 1),
+        "load_before": load_before,
+        "load_after": load_average(),
+        "log_dir": str(log_dir),
+    }
     summary = log_dir / "summary.json"
     if proc["rc"] != 0 or not summary.is_file():
         return {**out, "ok": False, "error": f"logra fit exited {proc['rc']}: {proc['log_tail'][-1500:]}"}

@@ -56,8 +56,16 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
     cfg = shape_config(size)
     model = _build_model(cfg, RUN["full"]["seq"])
     names = {id(p): n for n, p in model.named_parameters()}
-    opts = {v: LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=gap), lr=0.0, sketch_in_backward=False,
-                     release_host_memory=False, **kw) for v, kw in VARIANTS.items()}  # fmt: skip
+    opts = {
+        v: LoGRA(
+            logra_param_groups(model, rank=rank, update_proj_gap=gap),
+            lr=0.0,
+            sketch_in_backward=False,
+            release_host_memory=False,
+            **kw,
+        )
+        for v, kw in VARIANTS.items()
+    }
     gen = torch.Generator().manual_seed(0)
     errs: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS if v != "reference"}
     coss: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS if v != "reference"}
@@ -97,21 +105,30 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
         for opt in opts.values():
             opt.step()  # lr = 0: the weights stay; moments, step counts and bases advance
         model.zero_grad(set_to_none=True)
-        print(f"step {step}: " + ", ".join(
-            f"{v} rel_err median {statistics.median(x[-1] for x in e.values()):.4f}" for v, e in errs.items()), flush=True)
+        print(
+            f"step {step}: "
+            + ", ".join(
+                f"{v} rel_err median {statistics.median(x[-1] for x in e.values()):.4f}" for v, e in errs.items()
+            ),
+            flush=True,
+        )
 
     def vs_adam(v: str) -> dict:
         emb = [n for n in vs_adamw[v] if "embed_tokens" in n]
         rest = [n for n in vs_adamw[v] if n not in emb]
-        return {"cosine_vs_adamw_median_layers_per_step": [statistics.median(vs_adamw[v][n][i] for n in rest)
-                                                           for i in range(steps)],
-                "cosine_vs_adamw_embedding_per_step": vs_adamw[v][emb[0]] if emb else None}  # fmt: skip
+        return {
+            "cosine_vs_adamw_median_layers_per_step": [
+                statistics.median(vs_adamw[v][n][i] for n in rest) for i in range(steps)
+            ],
+            "cosine_vs_adamw_embedding_per_step": vs_adamw[v][emb[0]] if emb else None,
+        }
 
     def summary(v: str) -> dict:
         emb = [n for n in errs[v] if "embed_tokens" in n]
         rest = [n for n in errs[v] if n not in emb]
         last = {n: errs[v][n][-1] for n in errs[v]}
-        return {**vs_adam(v),
+        return {
+            **vs_adam(v),
             "rel_err_median_all_steps": statistics.median(x for n in rest for x in errs[v][n]),
             "rel_err_max_all_steps": max(x for n in rest for x in errs[v][n]),
             "rel_err_median_last_step": statistics.median(last[n] for n in rest),
@@ -139,12 +156,22 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     started, load_start = time.time(), load_average()
     out = run(args.size, args.steps, args.gap, args.rank)
-    result = {"command": "python benchmarks/direction_error.py" + " ".join([""] + (argv or sys.argv[1:])),
-              "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
-              "wall_seconds": round(time.time() - started, 1),
-              "settings": {"size": args.size, "steps": args.steps, "update_proj_gap": args.gap, "rank": args.rank,
-                           "seq": RUN["full"]["seq"], "batch": RUN["full"]["batch"]},
-              **out}  # fmt: skip
+    result = {
+        "command": "python benchmarks/direction_error.py" + " ".join([""] + (argv or sys.argv[1:])),
+        "machine": machine_info(),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "wall_seconds": round(time.time() - started, 1),
+        "settings": {
+            "size": args.size,
+            "steps": args.steps,
+            "update_proj_gap": args.gap,
+            "rank": args.rank,
+            "seq": RUN["full"]["seq"],
+            "batch": RUN["full"]["batch"],
+        },
+        **out,
+    }
     write_result(Path(args.out), result)
     return result
 
@@ -152,23 +179,45 @@ def main(argv=None) -> dict:
 def section(res: dict) -> tuple[list[str], dict]:
     """One row per variant: state bytes, update error vs the reference (layers, embedding), cosine to AdamW."""
     st = res["settings"]
-    out = [f"Command: `{res['command']}` — ~{st['size']}, rank {st['rank']}, {st['steps']} steps, update_proj_gap "
-           f"{st['update_proj_gap']}; relative Frobenius error of each matrix's update vs the all-fp32 full-V LoGRA "
-           "on the same gradients.", ""]  # fmt: skip
+    out = [
+        f"Command: `{res['command']}` — ~{st['size']}, rank {st['rank']}, {st['steps']} steps, update_proj_gap "
+        f"{st['update_proj_gap']}; relative Frobenius error of each matrix's update vs the all-fp32 full-V LoGRA "
+        "on the same gradients.",
+        "",
+    ]
 
     def last(xs):
         return xs[-1] if xs else None
 
     rows = []
     for v, s in res["summary"].items():
-        rows.append([v, f"`{res['variants'][v]}`", num(res["state_bytes"][v] / MB, ".1f"),
-                     num(s.get("rel_err_median_all_steps"), ".4f"), num(s.get("rel_err_median_last_step"), ".4f"),
-                     num(s.get("rel_err_max_all_steps"), ".3f"), num(last(s.get("embedding_rel_err_per_step")), ".3f"),
-                     num(last(s.get("cosine_vs_adamw_median_layers_per_step")), ".3f"),
-                     num(last(s.get("cosine_vs_adamw_embedding_per_step")), ".3f")])  # fmt: skip
-    out += table(["variant", "options", "state MB", "rel. err median (layers)", "median, last step", "max",
-                  "embedding, last step", "cos vs AdamW, layers (median, last)", "cos vs AdamW, embedding (last)"],
-                 rows) + [""]  # fmt: skip
+        rows.append(
+            [
+                v,
+                f"`{res['variants'][v]}`",
+                num(res["state_bytes"][v] / MB, ".1f"),
+                num(s.get("rel_err_median_all_steps"), ".4f"),
+                num(s.get("rel_err_median_last_step"), ".4f"),
+                num(s.get("rel_err_max_all_steps"), ".3f"),
+                num(last(s.get("embedding_rel_err_per_step")), ".3f"),
+                num(last(s.get("cosine_vs_adamw_median_layers_per_step")), ".3f"),
+                num(last(s.get("cosine_vs_adamw_embedding_per_step")), ".3f"),
+            ]
+        )
+    out += table(
+        [
+            "variant",
+            "options",
+            "state MB",
+            "rel. err median (layers)",
+            "median, last step",
+            "max",
+            "embedding, last step",
+            "cos vs AdamW, layers (median, last)",
+            "cos vs AdamW, embedding (last)",
+        ],
+        rows,
+    ) + [""]
     return out + [f"Reference state: {res['state_bytes']['reference'] / MB:.1f} MB.", ""], {}
 
 

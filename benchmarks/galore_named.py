@@ -53,7 +53,14 @@ class GaLoreAdamWNamed(GaLoreAdamW):
         rest = [(n, p) for n, p in named if not (p.ndim == 2 and re.search(include, n))]
         if not low:
             raise ValueError(f"GaLoreAdamWNamed: no 2-D parameter matched include={include!r}")
-        groups = [{"params": [p for _, p in rest]},
-                  {"params": [p for _, p in low], "rank": rank, "update_proj_gap": update_proj_gap, "scale": scale,
-                   "proj_type": proj_type}]  # fmt: skip
+        groups = [
+            {"params": [p for _, p in rest]},
+            {
+                "params": [p for _, p in low],
+                "rank": rank,
+                "update_proj_gap": update_proj_gap,
+                "scale": scale,
+                "proj_type": proj_type,
+            },
+        ]
         super().__init__(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, no_deprecation_warning=True)

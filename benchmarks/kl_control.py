@@ -64,16 +64,37 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    CONFIGS, RESULTS, WORK_DIR, budget_args, config_callbacks, config_defaults, load_average, logra_fit, machine_info, write_result,
-)  # fmt: skip
+    CONFIGS,
+    RESULTS,
+    WORK_DIR,
+    budget_args,
+    config_callbacks,
+    config_defaults,
+    load_average,
+    logra_fit,
+    machine_info,
+    write_result,
+)
 from benchmarks.quality import QUICK  # noqa: E402
-from benchmarks.report import Report, command_head, clip, load_text, met, num, pct, table  # noqa: E402
+from benchmarks.report import Report, clip, command_head, load_text, met, num, pct, table  # noqa: E402
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
-TARGETS = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), "overhead_share_max": 0.05}
+TARGETS = {
+    "realized_within_1.5T_share_min": 0.95,
+    "median_abs_log_ratio_max": math.log(1.5),
+    "overhead_share_max": 0.05,
+}
 OVERHEAD = {"steps": 60, "warmup": 5}  # --quick: QUICK["steps"] steps, no warm-up skipped
-KEEP = ("val/accuracy", "kl/realized", "kl/predicted", "kl/predicted_unscaled", "kl/step_scale", "kl/calibration",
-        "kl/control_seconds", "reward/mean")  # fmt: skip
+KEEP = (
+    "val/accuracy",
+    "kl/realized",
+    "kl/predicted",
+    "kl/predicted_unscaled",
+    "kl/step_scale",
+    "kl/calibration",
+    "kl/control_seconds",
+    "reward/mean",
+)
 
 
 def _yaml(path: str | Path) -> dict:
@@ -97,11 +118,19 @@ def control_init_args(path: str | Path) -> dict:
     """
     from logra_lightning.callbacks import KLStepControl
 
-    found = next((c.get("init_args", {}) or {} for c in config_callbacks(path, drop=())
-                  if str(c.get("class_path", "")).endswith("KLStepControl")), None)  # fmt: skip
+    found = next(
+        (
+            c.get("init_args", {}) or {}
+            for c in config_callbacks(path, drop=())
+            if str(c.get("class_path", "")).endswith("KLStepControl")
+        ),
+        None,
+    )
     if found is None or "target_kl" not in found:
-        raise SystemExit(f"{path} has no KLStepControl callback with a target_kl to take the control settings "
-                         "from; pass --demo-config with one")  # fmt: skip
+        raise SystemExit(
+            f"{path} has no KLStepControl callback with a target_kl to take the control settings "
+            "from; pass --demo-config with one"
+        )
     params = inspect.signature(KLStepControl).parameters
     return {**{k: params[k].default for k in ("min_scale", "max_scale", "sample_tokens")}, **found}
 
@@ -117,8 +146,11 @@ def kl_summary(scalars: dict, target: float) -> dict:
         out["realized_within_1.5T_share"] = sum(v <= 1.5 * target for v in vals) / len(vals)
         out["realized_max"] = max(vals)
         out["realized_median"] = statistics.median(vals)
-    logs = [abs(math.log(r / (pred[s] / cal[s]))) for s, r in realized.items()
-            if s in pred and s in cal and r > 0 and pred[s] > 0 and cal[s] > 0]  # fmt: skip
+    logs = [
+        abs(math.log(r / (pred[s] / cal[s])))
+        for s, r in realized.items()
+        if s in pred and s in cal and r > 0 and pred[s] > 0 and cal[s] > 0
+    ]
     if logs:
         out["median_abs_log_realized_over_raw_predicted"] = statistics.median(logs)
     return out
@@ -133,8 +165,10 @@ def accuracy_summary(runs: list[dict]) -> dict:
     for r in runs:
         if r["ok"] and r["row"] != "demo_overhead":
             rows.setdefault(r["row"], {})[r["seed"]] = r["accuracy_after"]
-    out: dict = {row: {"mean": statistics.fmean(v.values()), "min": min(v.values()), "max": max(v.values()), "n": len(v)}
-                 for row, v in rows.items()}  # fmt: skip
+    out: dict = {
+        row: {"mean": statistics.fmean(v.values()), "min": min(v.values()), "max": max(v.values()), "n": len(v)}
+        for row, v in rows.items()
+    }
     ctrl, base = rows.get("high_lr_kl_control"), rows.get("default_lr")
     if not (ctrl and base):
         out["controlled_no_worse_than_default"] = None
@@ -144,7 +178,7 @@ def accuracy_summary(runs: list[dict]) -> dict:
         "mean_difference_points": 100 * (out["high_lr_kl_control"]["mean"] - out["default_lr"]["mean"]),
         "paired_difference_points": paired,
         "paired_standard_error_points": statistics.stdev(paired) / math.sqrt(len(paired)) if len(paired) > 1 else None,
-    }  # fmt: skip
+    }
     out["controlled_no_worse_than_default"] = out["high_lr_kl_control"]["mean"] >= out["default_lr"]["mean"]
     return out
 
@@ -161,9 +195,11 @@ def overhead_summary(scalars: dict, warmup: int) -> dict:
     out: dict = {"steps_used": len(steps), "warmup_steps_skipped": warmup}
     if steps:
         without = statistics.median(step[s] - control[s] for s in steps)
-        out.update(step_seconds_median=statistics.median(step[s] for s in steps),
-                   control_seconds_median=statistics.median(control[s] for s in steps),
-                   step_seconds_without_control_median=without)  # fmt: skip
+        out.update(
+            step_seconds_median=statistics.median(step[s] for s in steps),
+            control_seconds_median=statistics.median(control[s] for s in steps),
+            step_seconds_without_control_median=without,
+        )
         out["overhead_share"] = out["control_seconds_median"] / without if without > 0 else None
         mean_control = statistics.fmean(control[s] for s in steps)
         mean_without = statistics.fmean(step[s] - control[s] for s in steps)
@@ -174,15 +210,28 @@ def overhead_summary(scalars: dict, warmup: int) -> dict:
 
 def record(row: str, seed: int, lr: float, res: dict, target: float | None, callbacks: list[dict] | None) -> dict:
     """The results entry of one ``logra fit``: accuracy, KL curves and (with a ``target``) summary, step seconds."""
-    run = {"row": row, "seed": seed, "lr": lr, "callbacks": callbacks, "ok": res["ok"], "seconds": res["seconds"],
-           "load_before": res["load_before"], "load_after": res["load_after"], "command": res["command"]}  # fmt: skip
+    run = {
+        "row": row,
+        "seed": seed,
+        "lr": lr,
+        "callbacks": callbacks,
+        "ok": res["ok"],
+        "seconds": res["seconds"],
+        "load_before": res["load_before"],
+        "load_after": res["load_after"],
+        "command": res["command"],
+    }
     if not res["ok"]:
         return {**run, "error": res["error"]}
     sc = res["scalars"]
-    return {**run, "accuracy_before": res["summary"]["accuracy_before"], "accuracy_after": res["summary"]["accuracy_after"],
-            "curves": {k: [[int(s), v] for s, v in sc.get(k, [])] for k in KEEP},
-            **({"kl": kl_summary(sc, target)} if target is not None else {}),
-            "step_seconds_median": statistics.median(v for _, v in sc["perf/step_seconds"])}  # fmt: skip
+    return {
+        **run,
+        "accuracy_before": res["summary"]["accuracy_before"],
+        "accuracy_after": res["summary"]["accuracy_after"],
+        "curves": {k: [[int(s), v] for s, v in sc.get(k, [])] for k in KEEP},
+        **({"kl": kl_summary(sc, target)} if target is not None else {}),
+        "step_seconds_median": statistics.median(v for _, v in sc["perf/step_seconds"]),
+    }
 
 
 def _print(run: dict) -> None:
@@ -190,7 +239,10 @@ def _print(run: dict) -> None:
         print(f"{run['row']} seed {run['seed']}: FAILED {run['error'][-300:]}", flush=True)
         return
     extra = run.get("overhead", run.get("kl"))
-    print(f"{run['row']} seed {run['seed']}: acc {run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}, {extra}", flush=True)
+    print(
+        f"{run['row']} seed {run['seed']}: acc {run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}, {extra}",
+        flush=True,
+    )
 
 
 def _budget(steps: int, val_every: int, quick: bool) -> list[str]:
@@ -203,22 +255,47 @@ def _budget(steps: int, val_every: int, quick: bool) -> list[str]:
 def section(res: dict) -> tuple[list[str], dict]:
     """Per run: accuracy, realized vs predicted KL, step time; then the accuracy, targets and overhead verdicts."""
     st = res["settings"]
-    out = [command_head(res, end=False) + " "
-           f"Config `{st['config']}`, LoGRA {json.dumps(st['logra'])}, default lr {st['default_lr']:g}, high lr "
-           f"{st['high_lr']:g}, target_kl T = {st['target_kl']:g}, min_scale {st['min_scale']}, measure_every "
-           f"{st['measure_every']}, {st['steps']} steps"
-           + (f"; lr and control settings from `{st['demo_config']}`." if st.get("demo_config") else "."), ""]  # fmt: skip
+    out = [
+        command_head(res, end=False) + " "
+        f"Config `{st['config']}`, LoGRA {json.dumps(st['logra'])}, default lr {st['default_lr']:g}, high lr "
+        f"{st['high_lr']:g}, target_kl T = {st['target_kl']:g}, min_scale {st['min_scale']}, measure_every "
+        f"{st['measure_every']}, {st['steps']} steps"
+        + (f"; lr and control settings from `{st['demo_config']}`." if st.get("demo_config") else "."),
+        "",
+    ]
     rows = []
     for r in res["runs"]:
         if not r["ok"]:
             rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", "failed: " + clip(r["error"], 120)] + [""] * 5)
             continue
         k = r.get("kl", {"measured_steps": "–"})  # demo_overhead: timing only
-        rows.append([r["row"], str(r["seed"]), f"{r['lr']:g}", f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
-                     str(k["measured_steps"]), pct(k.get("realized_within_1.5T_share")), num(k.get("realized_max"), ".2e"),
-                     num(k.get("median_abs_log_realized_over_raw_predicted"), ".2f"), num(r["step_seconds_median"], ".2f")])  # fmt: skip
-    out += table(["run", "seed", "lr", "held-out accuracy", "measured steps", "realized ≤ 1.5 T", "max realized KL",
-                  "median abs log(realized / raw predicted)", "s/step"], rows) + [""]  # fmt: skip
+        rows.append(
+            [
+                r["row"],
+                str(r["seed"]),
+                f"{r['lr']:g}",
+                f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
+                str(k["measured_steps"]),
+                pct(k.get("realized_within_1.5T_share")),
+                num(k.get("realized_max"), ".2e"),
+                num(k.get("median_abs_log_realized_over_raw_predicted"), ".2f"),
+                num(r["step_seconds_median"], ".2f"),
+            ]
+        )
+    out += table(
+        [
+            "run",
+            "seed",
+            "lr",
+            "held-out accuracy",
+            "measured steps",
+            "realized ≤ 1.5 T",
+            "max realized KL",
+            "median abs log(realized / raw predicted)",
+            "s/step",
+        ],
+        rows,
+    ) + [""]
     return out + _accuracy_lines(res) + _target_lines(res) + _overhead_lines(res), {}
 
 
@@ -227,34 +304,51 @@ def _accuracy_lines(res: dict) -> list[str]:
     acc = res.get("accuracy")  # kl_control.accuracy_summary of the runs in the table above
     if not acc:
         return []
-    parts = [f"{row} {pct(a['mean'])} (min {pct(a['min'])}, max {pct(a['max'])}, {a['n']} seeds)"
-             for row, a in acc.items() if isinstance(a, dict) and "mean" in a]  # fmt: skip
+    parts = [
+        f"{row} {pct(a['mean'])} (min {pct(a['min'])}, max {pct(a['max'])}, {a['n']} seeds)"
+        for row, a in acc.items()
+        if isinstance(a, dict) and "mean" in a
+    ]
     if not parts:
         return []
     verdict, diff = acc["controlled_no_worse_than_default"], acc.get("controlled_vs_default")
     text = "not measured" if verdict is None else met(verdict)
     if diff:
         se = diff["paired_standard_error_points"]
-        text += (f": {diff['mean_difference_points']:+.2f} points; paired by seed "
-                 + " / ".join(f"{d:+.1f}" for d in diff["paired_difference_points"])
-                 + (f" (standard error {se:.2f})" if se is not None else ""))  # fmt: skip
-    return [f"Held-out accuracy at the end, mean over seeds: {'; '.join(parts)}. Target: the controlled high-lr mean is "
-            f"no worse than the default-lr mean → {text}.", ""]  # fmt: skip
+        text += (
+            f": {diff['mean_difference_points']:+.2f} points; paired by seed "
+            + " / ".join(f"{d:+.1f}" for d in diff["paired_difference_points"])
+            + (f" (standard error {se:.2f})" if se is not None else "")
+        )
+    return [
+        f"Held-out accuracy at the end, mean over seeds: {'; '.join(parts)}. Target: the controlled high-lr mean is "
+        f"no worse than the default-lr mean → {text}.",
+        "",
+    ]
 
 
 def _target_lines(res: dict) -> list[str]:
     """The controlled runs' share within 1.5 T against its target; every run's prediction error against log 1.5."""
     t = {"realized_within_1.5T_share_min": 0.95, "median_abs_log_ratio_max": math.log(1.5), **res.get("targets", {})}
     ok = [r for r in res["runs"] if r["ok"] and "kl" in r]
-    share = [f"{r['row']} seed {r['seed']} {pct(r['kl']['realized_within_1.5T_share'])} "
-             f"({met(r['kl']['realized_within_1.5T_share'] >= t['realized_within_1.5T_share_min'])})"
-             for r in ok if r["row"] == "high_lr_kl_control" and "realized_within_1.5T_share" in r["kl"]]  # fmt: skip
-    pred = [f"{r['row']} {r['kl']['median_abs_log_realized_over_raw_predicted']:.2f} "
-            f"({met(r['kl']['median_abs_log_realized_over_raw_predicted'] <= t['median_abs_log_ratio_max'])})"
-            for r in ok if "median_abs_log_realized_over_raw_predicted" in r["kl"]]  # fmt: skip
-    return [f"Targets: with control at the high lr, realized KL ≤ 1.5 T on ≥ {pct(t['realized_within_1.5T_share_min'], 0)} "
-            f"of measured steps → {', '.join(share) or 'not measured'}; prediction quality, median |log(realized / raw "
-            f"predicted)| ≤ log 1.5 = {t['median_abs_log_ratio_max']:.3f} → {', '.join(pred) or 'not measured'}.", ""]  # fmt: skip
+    share = [
+        f"{r['row']} seed {r['seed']} {pct(r['kl']['realized_within_1.5T_share'])} "
+        f"({met(r['kl']['realized_within_1.5T_share'] >= t['realized_within_1.5T_share_min'])})"
+        for r in ok
+        if r["row"] == "high_lr_kl_control" and "realized_within_1.5T_share" in r["kl"]
+    ]
+    pred = [
+        f"{r['row']} {r['kl']['median_abs_log_realized_over_raw_predicted']:.2f} "
+        f"({met(r['kl']['median_abs_log_realized_over_raw_predicted'] <= t['median_abs_log_ratio_max'])})"
+        for r in ok
+        if "median_abs_log_realized_over_raw_predicted" in r["kl"]
+    ]
+    return [
+        f"Targets: with control at the high lr, realized KL ≤ 1.5 T on ≥ {pct(t['realized_within_1.5T_share_min'], 0)} "
+        f"of measured steps → {', '.join(share) or 'not measured'}; prediction quality, median |log(realized / raw "
+        f"predicted)| ≤ log 1.5 = {t['median_abs_log_ratio_max']:.3f} → {', '.join(pred) or 'not measured'}.",
+        "",
+    ]
 
 
 def _overhead_lines(res: dict) -> list[str]:
@@ -263,14 +357,20 @@ def _overhead_lines(res: dict) -> list[str]:
     if run is None:
         return ["_Control overhead not measured in this result_ (the `demo_overhead` run is newer than it).", ""]
     if not run["ok"] or "overhead_share" not in run.get("overhead", {}):
-        return [f"Control overhead: the `demo_overhead` run failed: {clip(run.get('error', 'no steps logged'), 200)}", ""]
+        return [
+            f"Control overhead: the `demo_overhead` run failed: {clip(run.get('error', 'no steps logged'), 200)}",
+            "",
+        ]
     o, st = run["overhead"], res["settings"]
     limit = res["targets"]["overhead_share_max"]
-    return [f"Control overhead (`demo_overhead`: `{st.get('demo_config')}` as shipped, {st['overhead_steps']} steps, "
-            f"medians over {o['steps_used']} steps after the first {o['warmup_steps_skipped']}; load at start "
-            f"{load_text(run['load_before'])}): step {o['step_seconds_median']:.3f} s, of which the control "
-            f"{o['control_seconds_median']:.3f} s → overhead **{pct(o['overhead_share'])}** of a step without it "
-            f"(≤ {pct(limit, 0)}: {met(o['overhead_share'] <= limit)}).", ""]  # fmt: skip
+    return [
+        f"Control overhead (`demo_overhead`: `{st.get('demo_config')}` as shipped, {st['overhead_steps']} steps, "
+        f"medians over {o['steps_used']} steps after the first {o['warmup_steps_skipped']}; load at start "
+        f"{load_text(run['load_before'])}): step {o['step_seconds_median']:.3f} s, of which the control "
+        f"{o['control_seconds_median']:.3f} s → overhead **{pct(o['overhead_share'])}** of a step without it "
+        f"(≤ {pct(limit, 0)}: {met(o['overhead_share'] <= limit)}).",
+        "",
+    ]
 
 
 def plot(res: dict, plt):
@@ -311,10 +411,16 @@ REPORTS = {"kl_control": Report("KL step control at a high learning rate", secti
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 steps per run, 64 held-out prompts")
-    ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_logra.yaml"),
-                    help="the RL config of the stability runs (LoGRA rank/update_proj_gap, task, budget)")  # fmt: skip
-    ap.add_argument("--demo-config", default=str(CONFIGS / "arithmetic_tiny.yaml"),
-                    help="config with the default lr and the KLStepControl settings; the overhead run runs it")  # fmt: skip
+    ap.add_argument(
+        "--config",
+        default=str(CONFIGS / "arithmetic_tiny_logra.yaml"),
+        help="the RL config of the stability runs (LoGRA rank/update_proj_gap, task, budget)",
+    )
+    ap.add_argument(
+        "--demo-config",
+        default=str(CONFIGS / "arithmetic_tiny.yaml"),
+        help="config with the default lr and the KLStepControl settings; the overhead run runs it",
+    )
     ap.add_argument("--lr", type=float, default=None, help="the default lr (default: the demo config's LoGRA lr)")
     ap.add_argument("--lr-multiplier", type=float, default=10.0)
     ap.add_argument("--target-kl", type=float, default=None, help="default: the demo config's")
@@ -324,10 +430,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
     ap.add_argument("--val-every", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2 (--quick: 0)")
-    ap.add_argument("--jobs", type=int, default=None, help="stability runs at once, 1 torch thread each (default 2; --quick 1)")
-    ap.add_argument("--overhead-steps", type=int, default=None, help=f"default {OVERHEAD['steps']} ({QUICK['steps']} quick)")
-    ap.add_argument("--overhead-warmup", type=int, default=None,
-                    help=f"first steps left out of the overhead medians (default {OVERHEAD['warmup']}, 0 quick)")  # fmt: skip
+    ap.add_argument(
+        "--jobs", type=int, default=None, help="stability runs at once, 1 torch thread each (default 2; --quick 1)"
+    )
+    ap.add_argument(
+        "--overhead-steps", type=int, default=None, help=f"default {OVERHEAD['steps']} ({QUICK['steps']} quick)"
+    )
+    ap.add_argument(
+        "--overhead-warmup",
+        type=int,
+        default=None,
+        help=f"first steps left out of the overhead medians (default {OVERHEAD['warmup']}, 0 quick)",
+    )
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/kl_control[_quick].json)")
     ap.add_argument("--work-dir", default=str(WORK_DIR / "kl_control"))
     args = ap.parse_args(argv)
@@ -337,8 +451,11 @@ def main(argv=None) -> dict:
     opt_args = {"rank": logra.get("rank", 8), "update_proj_gap": logra.get("update_proj_gap", 50)}
     demo_control = control_init_args(args.demo_config)
     overrides = {"target_kl": args.target_kl, "min_scale": args.min_scale, "sample_tokens": args.sample_tokens}
-    control_args = {**demo_control, **{k: v for k, v in overrides.items() if v is not None},
-                    "measure_every": args.measure_every}  # fmt: skip
+    control_args = {
+        **demo_control,
+        **{k: v for k, v in overrides.items() if v is not None},
+        "measure_every": args.measure_every,
+    }
     target, min_scale = float(control_args["target_kl"]), float(control_args["min_scale"])
     steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
     val_every = args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"])
@@ -350,8 +467,11 @@ def main(argv=None) -> dict:
         return others + [{"class_path": CONTROL, "init_args": {**control_args, "min_scale": lo, "max_scale": hi}}]
 
     high = lr * args.lr_multiplier
-    plan = {"default_lr": (lr, control(1.0, 1.0)), "high_lr": (high, control(1.0, 1.0)),
-            "high_lr_kl_control": (high, control(min_scale, control_args["max_scale"]))}  # fmt: skip
+    plan = {
+        "default_lr": (lr, control(1.0, 1.0)),
+        "high_lr": (high, control(1.0, 1.0)),
+        "high_lr_kl_control": (high, control(min_scale, control_args["max_scale"])),
+    }
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
     if jobs < 1:
@@ -360,10 +480,23 @@ def main(argv=None) -> dict:
     def stability_run(seed: int, row: str) -> dict:
         row_lr, callbacks = plan[row]
         optimizer = {"class_path": "logra_lightning.optim.LoGRA", "init_args": {"lr": row_lr, **opt_args}}
-        seeded = [*_budget(steps, val_every, args.quick), "--seed_everything", str(seed), "--data.seed", str(seed),
-                  "--model.torch_threads", "1"]  # fmt: skip
-        res = logra_fit(f"{row}_seed{seed}", args.config, seeded, optimizer=optimizer, callbacks=callbacks,
-                        work_dir=Path(args.work_dir))  # fmt: skip
+        seeded = [
+            *_budget(steps, val_every, args.quick),
+            "--seed_everything",
+            str(seed),
+            "--data.seed",
+            str(seed),
+            "--model.torch_threads",
+            "1",
+        ]
+        res = logra_fit(
+            f"{row}_seed{seed}",
+            args.config,
+            seeded,
+            optimizer=optimizer,
+            callbacks=callbacks,
+            work_dir=Path(args.work_dir),
+        )
         run = record(row, seed, row_lr, res, target, callbacks)
         _print(run)
         return run
@@ -372,8 +505,12 @@ def main(argv=None) -> dict:
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes
         runs = list(pool.map(lambda p: stability_run(*p), [(seed, row) for seed in seeds for row in plan]))
     # the demo as shipped: its own optimizer, KLStepControl (measure_every included), engine and sync
-    res = logra_fit("demo_overhead", args.demo_config, _budget(overhead_steps, demo["val_check_interval"], args.quick),
-                    work_dir=Path(args.work_dir))  # fmt: skip
+    res = logra_fit(
+        "demo_overhead",
+        args.demo_config,
+        _budget(overhead_steps, demo["val_check_interval"], args.quick),
+        work_dir=Path(args.work_dir),
+    )
     # no KL summary: with measure_every > 1 the TensorBoard log repeats the last kl/realized on
     # the steps in between, so the realized-KL statistics of this run would count stale values
     run = record("demo_overhead", demo["seed"], demo["lr"], res, None, None)
@@ -383,18 +520,34 @@ def main(argv=None) -> dict:
     _print(run)
     result = {
         "command": "python benchmarks/kl_control.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
+        "machine": machine_info(),
+        "load_start": load_start,
+        "load_end": load_average(),
         "wall_seconds": round(time.time() - started, 1),
-        "settings": {"config": base["config"], "demo_config": demo["config"], "default_lr": lr, "high_lr": high,
-                     "lr_multiplier": args.lr_multiplier, "target_kl": target, "min_scale": min_scale,
-                     "sample_tokens": control_args["sample_tokens"], "measure_every": args.measure_every,
-                     "steps": steps, "val_check_interval": min(val_every, steps), "seeds": seeds, "jobs": jobs,
-                     "logra": opt_args, "control": control_args, "demo_control": demo_control,
-                     "overhead_steps": overhead_steps, "overhead_warmup_steps": warmup},
+        "settings": {
+            "config": base["config"],
+            "demo_config": demo["config"],
+            "default_lr": lr,
+            "high_lr": high,
+            "lr_multiplier": args.lr_multiplier,
+            "target_kl": target,
+            "min_scale": min_scale,
+            "sample_tokens": control_args["sample_tokens"],
+            "measure_every": args.measure_every,
+            "steps": steps,
+            "val_check_interval": min(val_every, steps),
+            "seeds": seeds,
+            "jobs": jobs,
+            "logra": opt_args,
+            "control": control_args,
+            "demo_control": demo_control,
+            "overhead_steps": overhead_steps,
+            "overhead_warmup_steps": warmup,
+        },
         "targets": TARGETS,
         "accuracy": accuracy_summary(runs),
         "runs": runs,
-    }  # fmt: skip
+    }
     write_result(Path(args.out) if args.out else RESULTS / f"kl_control{'_quick' if args.quick else ''}.json", result)
     return result
 

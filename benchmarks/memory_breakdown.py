@@ -37,8 +37,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, run_worker, shape_config, write_result,
-)  # fmt: skip
+    RESULTS,
+    load_average,
+    machine_info,
+    proc_memory,
+    reset_peak_rss,
+    run_worker,
+    shape_config,
+    write_result,
+)
 from benchmarks.optimizer_memory import RUN, _build_model  # noqa: E402
 from benchmarks.optimizer_rows import make_optimizer  # noqa: E402
 from benchmarks.report import MB, Report, command_head, num, pct, table  # noqa: E402
@@ -46,9 +53,13 @@ from benchmarks.report import MB, Report, command_head, num, pct, table  # noqa:
 ROWS = ["logra", "logra_prev", "floor_nograd"]
 MODES = {"profiled": {}, "rss_default": {}, "rss_live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}}
 _LOGRA_SCOPES = {  # LoGRA method -> record_function name (wrapped in the worker only)
-    "_accumulate": "logra.hook_sketch", "_prepare_lowrank": "logra.moments_direction", "_prepare_dense": "logra.dense_adam",
-    "_next_basis": "logra.refresh_basis", "_apply": "logra.apply", "zero_grad": "logra.zero_grad",
-}  # fmt: skip
+    "_accumulate": "logra.hook_sketch",
+    "_prepare_lowrank": "logra.moments_direction",
+    "_prepare_dense": "logra.dense_adam",
+    "_next_basis": "logra.refresh_basis",
+    "_apply": "logra.apply",
+    "zero_grad": "logra.zero_grad",
+}
 _SKETCH_SCOPES = {"project": "logra.gradient_sketch", "range_sketch": "logra.range_sketch", "gaussian": "logra.omega"}
 _CANDIDATE_SCOPES = {"move_": "logra.apply_update"}  # optim/candidate.py, called as cand.move_
 
@@ -175,9 +186,11 @@ def _replay(prof, model, state_at_start: list[dict[int, str]]) -> dict:
         if t in want and want[t] not in snaps:
             snaps[want[t]] = _group(live, params, state_at_start[want[t]])
     out = {}
-    for s, (b, t, _) in sorted(peaks.items()):
+    for s, (b, _t, _) in sorted(peaks.items()):
         out[f"step{s}"] = {"peak_live_bytes": b, "groups": snaps.get(s)}
-    out["untracked_note"] = "allocations made before the profiler started are not seen (none: it starts before the build)"
+    out["untracked_note"] = (
+        "allocations made before the profiler started are not seen (none: it starts before the build)"
+    )
     return out
 
 
@@ -212,9 +225,9 @@ def worker(name: str, size: str, mode: str, steps: int) -> dict:
     cfg = shape_config(size)
     gen = torch.Generator().manual_seed(0)
     data = [torch.randint(0, cfg["vocab_size"], (run["batch"], run["seq"]), generator=gen) for _ in range(steps)]
-    from transformers import Qwen2ForCausalLM  # noqa: F401
-
     import contextlib
+
+    from transformers import Qwen2ForCausalLM  # noqa: F401
 
     profiled = mode == "profiled"
     if profiled:
@@ -223,8 +236,11 @@ def worker(name: str, size: str, mode: str, steps: int) -> dict:
     gc.collect()
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
-    prof_cm = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-               if profiled else contextlib.nullcontext())  # fmt: skip
+    prof_cm = (
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        if profiled
+        else contextlib.nullcontext()
+    )
     phase_rss = None if profiled else []
     state_at_start = []
     with prof_cm as prof:
@@ -273,12 +289,22 @@ def main(argv=None) -> dict:
                 row, err = run_worker(__file__, wargs, out, env=MODES[mode], timeout=3600)
                 row = row or {"name": name, "size": size, "mode": mode, "ok": False, "error": err}
                 rows.append(row)
-                print(json.dumps({k: row.get(k) for k in ("size", "name", "mode", "train_peak_bytes", "error")}), flush=True)
+                print(
+                    json.dumps({k: row.get(k) for k in ("size", "name", "mode", "train_peak_bytes", "error")}),
+                    flush=True,
+                )
     summary = _summary(rows)
-    result = {"command": "python benchmarks/memory_breakdown.py" + " ".join([""] + (argv or sys.argv[1:])),
-              "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
-              "wall_seconds": round(time.time() - started, 1), "run": RUN["full"], "allocators": MODES,
-              "summary": summary, "rows": rows}  # fmt: skip
+    result = {
+        "command": "python benchmarks/memory_breakdown.py" + " ".join([""] + (argv or sys.argv[1:])),
+        "machine": machine_info(),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "wall_seconds": round(time.time() - started, 1),
+        "run": RUN["full"],
+        "allocators": MODES,
+        "summary": summary,
+        "rows": rows,
+    }
     write_result(Path(args.out), result)
     return result
 
@@ -304,11 +330,27 @@ def section(res: dict) -> tuple[list[str], dict]:
     out = [command_head(res, end=False), ""]
     rows = []
     for key, s in res["summary"].items():
-        rows.append([key, num(s.get("peak_live_bytes", 0) / MB, ".0f"), num(s.get("rss_live_train_peak_bytes", 0) / MB, ".0f"),
-                     num(s.get("rss_default_train_peak_bytes", 0) / MB, ".0f"), pct(s.get("allocator_slack")),
-                     num(s.get("optimizer_state_bytes", 0) / MB, ".1f")])  # fmt: skip
-    out += table(["row", "live tensor peak MB", "RSS peak, mmap allocator MB", "RSS peak, default MB",
-                  "allocator slack", "state MB"], rows) + [""]  # fmt: skip
+        rows.append(
+            [
+                key,
+                num(s.get("peak_live_bytes", 0) / MB, ".0f"),
+                num(s.get("rss_live_train_peak_bytes", 0) / MB, ".0f"),
+                num(s.get("rss_default_train_peak_bytes", 0) / MB, ".0f"),
+                pct(s.get("allocator_slack")),
+                num(s.get("optimizer_state_bytes", 0) / MB, ".1f"),
+            ]
+        )
+    out += table(
+        [
+            "row",
+            "live tensor peak MB",
+            "RSS peak, mmap allocator MB",
+            "RSS peak, default MB",
+            "allocator slack",
+            "state MB",
+        ],
+        rows,
+    ) + [""]
     for r in res["rows"]:
         if r.get("mode") != "profiled" or "live" not in r:
             continue

@@ -70,26 +70,53 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    RESULTS, load_average, machine_info, proc_memory, reset_peak_rss, run_worker, shape_config, write_result,
-)  # fmt: skip
+    RESULTS,
+    load_average,
+    machine_info,
+    proc_memory,
+    reset_peak_rss,
+    run_worker,
+    shape_config,
+    write_result,
+)
 from benchmarks.optimizer_rows import (  # noqa: E402
-    BF16_ROWS, DESCRIPTION, PEER_MODULES, PRECISION, ROWS, deep_state_bytes, make_optimizer, tensor_only_state_bytes,
-)  # fmt: skip
+    BF16_ROWS,
+    DESCRIPTION,
+    PEER_MODULES,
+    PRECISION,
+    ROWS,
+    deep_state_bytes,
+    make_optimizer,
+    tensor_only_state_bytes,
+)
 from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table  # noqa: E402
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
 # another job ran (OpenMP threads wait on each other), which made wall times of rows measured
 # minutes apart incomparable; with one thread a step only loses its share of the CPU.
-RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
-       "quick": dict(seq=32, batch=2, rank=8, warmup=1, steps=3, threads=1)}  # fmt: skip
+RUN = {
+    "full": dict(seq=128, batch=4, rank=64, warmup=1, steps=5, threads=1),
+    "quick": dict(seq=32, batch=2, rank=8, warmup=1, steps=3, threads=1),
+}
 RUN_OVERRIDES = {"400m": dict(steps=2)}
 ROW_OVERRIDES = {row: dict(steps=2) for row in BF16_ROWS}  # bf16 steps take minutes on this CPU (departure 4)
-SIZES = {"full": {"25m": ROWS, "100m": ROWS + BF16_ROWS,
-                  "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim"]},
-         "quick": {"quick": ROWS}}  # fmt: skip
-TARGETS = {"size": "100m", "row": "logra", "state_ratio_vs_adamw_max": 0.10,
-           "train_memory_reduction_vs_adamw_min": 0.45, "step_time_ratio_vs_adamw_max": 1.15,
-           "issue18_state_ratio_vs_adamw_max": 0.05, "issue18_train_peak_vs_floor_nograd_max": 1.10}  # fmt: skip
+SIZES = {
+    "full": {
+        "25m": ROWS,
+        "100m": ROWS + BF16_ROWS,
+        "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim"],
+    },
+    "quick": {"quick": ROWS},
+}
+TARGETS = {
+    "size": "100m",
+    "row": "logra",
+    "state_ratio_vs_adamw_max": 0.10,
+    "train_memory_reduction_vs_adamw_min": 0.45,
+    "step_time_ratio_vs_adamw_max": 1.15,
+    "issue18_state_ratio_vs_adamw_max": 0.05,
+    "issue18_train_peak_vs_floor_nograd_max": 1.10,
+}
 
 
 def _build_model(cfg: dict, seq: int):
@@ -112,8 +139,10 @@ def worker(name: str, size: str, run: dict) -> dict:
 
     cfg = shape_config(size)
     gen = torch.Generator().manual_seed(0)
-    data = [torch.randint(0, cfg["vocab_size"], (run["batch"], run["seq"]), generator=gen)
-            for _ in range(run["warmup"] + run["steps"])]  # fmt: skip
+    data = [
+        torch.randint(0, cfg["vocab_size"], (run["batch"], run["seq"]), generator=gen)
+        for _ in range(run["warmup"] + run["steps"])
+    ]
     import importlib
 
     from transformers import Qwen2ForCausalLM  # noqa: F401  (model code imported before the baseline, like the peer)
@@ -127,7 +156,7 @@ def worker(name: str, size: str, run: dict) -> dict:
     rss_before = proc_memory()["VmRSS"]
     model = _build_model(cfg, run["seq"])
     if name == "lora":
-        from logra_lightning.adapters import LoRA
+        from logra_lightning.models.lora import LoRA
 
         model = LoRA(rank=run["rank"], alpha=2 * run["rank"]).attach(model)
     precision = PRECISION.get(name, "fp32")
@@ -160,10 +189,17 @@ def worker(name: str, size: str, run: dict) -> dict:
     steady_hwm = proc_memory()["VmHWM"]
     w = run["warmup"]
     return {
-        "name": name, "size": size, "description": DESCRIPTION[name], "ok": True, "threads": run["threads"],
+        "name": name,
+        "size": size,
+        "description": DESCRIPTION[name],
+        "ok": True,
+        "threads": run["threads"],
         "precision": precision,
-        **({"lost_updates": opt.lost_updates, "low_precision_updates": opt.low_precision_updates}
-           if hasattr(opt, "lost_updates") else {}),
+        **(
+            {"lost_updates": opt.lost_updates, "low_precision_updates": opt.low_precision_updates}
+            if hasattr(opt, "lost_updates")
+            else {}
+        ),
         "params": sum(p.numel() for p in model.parameters()),
         "loss_last": float(loss.detach()),
         "param_bytes": param_bytes(model),
@@ -178,12 +214,17 @@ def worker(name: str, size: str, run: dict) -> dict:
         "step_cpu_s_median": statistics.median(cpus[w:]),
         "opt_step_time_s_median": statistics.median(opt_walls[w:]),
         "step_times_s": [round(t, 4) for t in walls],
-        "load_before": load_before, "load_after": load_average(),
-    }  # fmt: skip
+        "load_before": load_before,
+        "load_after": load_average(),
+    }
 
 
 def _run_row(name: str, size: str, quick: bool, timeout: float, threads: int | None = None) -> dict:
-    args = ["--worker", name, "--worker-size", size] + (["--quick"] if quick else []) + (["--threads", str(threads)] if threads else [])
+    args = (
+        ["--worker", name, "--worker-size", size]
+        + (["--quick"] if quick else [])
+        + (["--threads", str(threads)] if threads else [])
+    )
     row, err = run_worker(__file__, args, RESULTS / f".worker_{size}_{name}.json", timeout=timeout)
     return row or {"name": name, "size": size, "description": DESCRIPTION.get(name, ""), "ok": False, "error": err}
 
@@ -194,8 +235,12 @@ def _add_repeat(first: dict, row: dict) -> None:
         first.setdefault("repeat_errors", []).append(row.get("error"))
         return
     if "repeats" not in first:
-        first["repeats"] = [{k: first[k] for k in ("step_time_s_median", "step_cpu_s_median", "train_peak_bytes", "load_before")}]
-    first["repeats"].append({k: row[k] for k in ("step_time_s_median", "step_cpu_s_median", "train_peak_bytes", "load_before")})
+        first["repeats"] = [
+            {k: first[k] for k in ("step_time_s_median", "step_cpu_s_median", "train_peak_bytes", "load_before")}
+        ]
+    first["repeats"].append(
+        {k: row[k] for k in ("step_time_s_median", "step_cpu_s_median", "train_peak_bytes", "load_before")}
+    )
     first["step_time_s_median"] = statistics.median(r["step_time_s_median"] for r in first["repeats"])
     first["step_cpu_s_median"] = statistics.median(r["step_cpu_s_median"] for r in first["repeats"])
 
@@ -231,7 +276,8 @@ def _acceptance(sizes: dict[str, list[dict]]) -> dict | None:
         "train_peak_vs_floor_nograd": row.get("train_peak_vs_floor_nograd"),
         "train_peak_vs_floor_nograd_trim": row.get("train_peak_vs_floor_nograd_trim"),
         "issue18_state_ok": row["state_ratio_vs_adamw"] <= TARGETS["issue18_state_ratio_vs_adamw_max"],
-        "issue18_peak_ok": (row.get("train_peak_vs_floor_nograd") or 9) <= TARGETS["issue18_train_peak_vs_floor_nograd_max"],
+        "issue18_peak_ok": (row.get("train_peak_vs_floor_nograd") or 9)
+        <= TARGETS["issue18_train_peak_vs_floor_nograd_max"],
         "step_cpu_ratio_vs_adamw": row["step_cpu_ratio_vs_adamw"],
         "step_time_ok": row["step_time_ratio_vs_adamw"] <= TARGETS["step_time_ratio_vs_adamw_max"],
         "lowrank_grads_freed": row["grad_bytes_after_backward"] < row["param_bytes"] * 0.05,
@@ -243,47 +289,82 @@ def _acceptance(sizes: dict[str, list[dict]]) -> dict | None:
 
 def section(res: dict) -> tuple[list[str], dict]:
     """Per size, a table of every row against AdamW; the issue-3 and issue-18 targets and whether they were met."""
-    out = [f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load (1/5/15 min) at start "
-           f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. Run settings: `{json.dumps(res['run'])}`.", ""]  # fmt: skip
+    out = [
+        f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load (1/5/15 min) at start "
+        f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. Run settings: `{json.dumps(res['run'])}`.",
+        "",
+    ]
     for size, rows in res["sizes"].items():
         params = next((r["params"] for r in rows if r.get("ok")), None)
-        out += [f"**{size}** ({num(params / 1e6 if params else None, '.1f')}M params, shape "
-                f"`benchmarks/configs/qwen2-{size}.json`)", ""]  # fmt: skip
+        out += [
+            f"**{size}** ({num(params / 1e6 if params else None, '.1f')}M params, shape "
+            f"`benchmarks/configs/qwen2-{size}.json`)",
+            "",
+        ]
         cells = []
         for r in rows:
             if not r.get("ok"):
                 cells.append([r["name"], "failed: " + clip(r.get("error", ""), 160)] + [""] * 11)
                 continue
-            cells.append([
-                r["name"], num(r["train_peak_bytes"] / MB, ".0f"), pct(r.get("train_memory_reduction_vs_adamw")),
-                num(r["steady_peak_bytes"] / MB, ".0f"), num(r["optimizer_state_bytes"] / MB, ".1f"),
-                pct(r.get("state_ratio_vs_adamw")), num(r["grad_bytes_after_backward"] / MB, ".1f"),
-                num(r["step_time_s_median"], ".2f"), num(r.get("step_time_ratio_vs_adamw"), ".2f"),
-                num(r.get("step_cpu_ratio_vs_adamw"), ".2f"), num(r.get("train_peak_vs_floor_nograd"), ".3f"),
-                str(r.get("threads", res["run"]["threads"]))
-                + (f" ×{len(r['repeats'])}" if r.get("repeats") else ""), load_text(r.get("load_before")),
-            ])  # fmt: skip
-        out += table(["row", "training MB", "vs AdamW", "steady MB", "state MB", "state / AdamW", "grads after bwd MB",
-                      "step s (median)", "time × AdamW", "CPU time × AdamW", "training × floor_nograd",
-                      "threads (× repeats)", "load at start"],
-                      cells) + [""]  # fmt: skip
+            cells.append(
+                [
+                    r["name"],
+                    num(r["train_peak_bytes"] / MB, ".0f"),
+                    pct(r.get("train_memory_reduction_vs_adamw")),
+                    num(r["steady_peak_bytes"] / MB, ".0f"),
+                    num(r["optimizer_state_bytes"] / MB, ".1f"),
+                    pct(r.get("state_ratio_vs_adamw")),
+                    num(r["grad_bytes_after_backward"] / MB, ".1f"),
+                    num(r["step_time_s_median"], ".2f"),
+                    num(r.get("step_time_ratio_vs_adamw"), ".2f"),
+                    num(r.get("step_cpu_ratio_vs_adamw"), ".2f"),
+                    num(r.get("train_peak_vs_floor_nograd"), ".3f"),
+                    str(r.get("threads", res["run"]["threads"]))
+                    + (f" ×{len(r['repeats'])}" if r.get("repeats") else ""),
+                    load_text(r.get("load_before")),
+                ]
+            )
+        out += table(
+            [
+                "row",
+                "training MB",
+                "vs AdamW",
+                "steady MB",
+                "state MB",
+                "state / AdamW",
+                "grads after bwd MB",
+                "step s (median)",
+                "time × AdamW",
+                "CPU time × AdamW",
+                "training × floor_nograd",
+                "threads (× repeats)",
+                "load at start",
+            ],
+            cells,
+        ) + [""]
     out += ["Rows: " + "; ".join(f"`{r['name']}`: {r['description']}" for r in next(iter(res["sizes"].values()))), ""]
     acc = res.get("acceptance")
     if acc:
         t = res["targets"]
-        out += [f"Issue-3 targets ({t['size']}, `{t['row']}`): state ≤ {pct(t['state_ratio_vs_adamw_max'], 0)} of AdamW's → "
-                f"{pct(acc['state_ratio_vs_adamw'])} ({'met' if acc['state_ratio_ok'] else 'missed'}); training memory "
-                f"≥ {pct(t['train_memory_reduction_vs_adamw_min'], 0)} below AdamW → {pct(acc['train_memory_reduction_vs_adamw'])} "
-                f"({'met' if acc['train_memory_ok'] else 'missed'}); step time ≤ {t['step_time_ratio_vs_adamw_max']}× → "
-                f"{acc['step_time_ratio_vs_adamw']:.2f}× wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× CPU time "
-                f"({'met' if acc['step_time_ok'] else 'missed'} on wall time; timings on a loaded machine are noisy, "
-                f"see the load column).", ""]  # fmt: skip
+        out += [
+            f"Issue-3 targets ({t['size']}, `{t['row']}`): state ≤ {pct(t['state_ratio_vs_adamw_max'], 0)} of AdamW's → "
+            f"{pct(acc['state_ratio_vs_adamw'])} ({'met' if acc['state_ratio_ok'] else 'missed'}); training memory "
+            f"≥ {pct(t['train_memory_reduction_vs_adamw_min'], 0)} below AdamW → {pct(acc['train_memory_reduction_vs_adamw'])} "
+            f"({'met' if acc['train_memory_ok'] else 'missed'}); step time ≤ {t['step_time_ratio_vs_adamw_max']}× → "
+            f"{acc['step_time_ratio_vs_adamw']:.2f}× wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× CPU time "
+            f"({'met' if acc['step_time_ok'] else 'missed'} on wall time; timings on a loaded machine are noisy, "
+            f"see the load column).",
+            "",
+        ]
         if acc.get("train_peak_vs_floor_nograd") is not None:
-            out += [f"Issue-18 targets ({t['size']}, `{t['row']}`): training memory ≤ "
-                    f"{t.get('issue18_train_peak_vs_floor_nograd_max', 1.10)}× `floor_nograd` → "
-                    f"{acc['train_peak_vs_floor_nograd']:.3f}× ({num(acc.get('train_peak_vs_floor_nograd_trim'), '.3f')}× "
-                    f"`floor_nograd_trim`); state ≤ {t.get('issue18_state_ratio_vs_adamw_max', 0.05)}× AdamW's → "
-                    f"{acc['state_ratio_vs_adamw']:.4f}×.", ""]  # fmt: skip
+            out += [
+                f"Issue-18 targets ({t['size']}, `{t['row']}`): training memory ≤ "
+                f"{t.get('issue18_train_peak_vs_floor_nograd_max', 1.10)}× `floor_nograd` → "
+                f"{acc['train_peak_vs_floor_nograd']:.3f}× ({num(acc.get('train_peak_vs_floor_nograd_trim'), '.3f')}× "
+                f"`floor_nograd_trim`); state ≤ {t.get('issue18_state_ratio_vs_adamw_max', 0.05)}× AdamW's → "
+                f"{acc['state_ratio_vs_adamw']:.4f}×.",
+                "",
+            ]
     return out, acc or {}
 
 
@@ -293,15 +374,19 @@ def plot(res: dict, plt):
     names = list(dict.fromkeys(r["name"] for s in sizes for r in res["sizes"][s]))
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     width = 0.8 / max(len(sizes), 1)
-    metrics = [("train_peak_bytes", "training memory (GB): peak RSS - RSS before model", GB),
-               ("optimizer_state_bytes", "optimizer state (GB)", GB),
-               ("step_cpu_ratio_vs_adamw", "step CPU time / AdamW's (median)", 1.0)]  # fmt: skip
+    metrics = [
+        ("train_peak_bytes", "training memory (GB): peak RSS - RSS before model", GB),
+        ("optimizer_state_bytes", "optimizer state (GB)", GB),
+        ("step_cpu_ratio_vs_adamw", "step CPU time / AdamW's (median)", 1.0),
+    ]
     for ax, (key, title, scale) in zip(axes, metrics):
         for i, size in enumerate(sizes):
             rows = {r["name"]: r for r in res["sizes"][size]}
             xs = [j + i * width for j in range(len(names))]
-            vals = [rows[n][key] / scale if n in rows and rows[n].get("ok") and rows[n].get(key) is not None else 0.0
-                    for n in names]  # fmt: skip
+            vals = [
+                rows[n][key] / scale if n in rows and rows[n].get("ok") and rows[n].get(key) is not None else 0.0
+                for n in names
+            ]
             ax.bar(xs, vals, width, label=size)
             for x, n in zip(xs, names):
                 if n in rows and not rows[n].get("ok"):
@@ -328,43 +413,64 @@ def headline(found: dict) -> list[str]:
     def flag(ok: bool) -> str:
         return "target met" if ok else "**target missed**"
 
-    return [f"- Training memory, ~100M model, LoGRA rank 64: **{pct(acc['train_memory_reduction_vs_adamw'])} below "
-            f"AdamW** (≥ 45%: {flag(acc['train_memory_ok'])}); optimizer state **{pct(acc['state_ratio_vs_adamw'])}** "
-            f"of AdamW's (≤ 10%: {flag(acc['state_ratio_ok'])}); step time **{acc['step_time_ratio_vs_adamw']:.2f}× "
-            f"AdamW** wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× in CPU time (≤ 1.15×: "
-            f"{flag(acc['step_time_ratio_vs_adamw'] <= 1.15)}) ([table](#optimizer-memory-and-speed))."]  # fmt: skip
+    return [
+        f"- Training memory, ~100M model, LoGRA rank 64: **{pct(acc['train_memory_reduction_vs_adamw'])} below "
+        f"AdamW** (≥ 45%: {flag(acc['train_memory_ok'])}); optimizer state **{pct(acc['state_ratio_vs_adamw'])}** "
+        f"of AdamW's (≤ 10%: {flag(acc['state_ratio_ok'])}); step time **{acc['step_time_ratio_vs_adamw']:.2f}× "
+        f"AdamW** wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× in CPU time (≤ 1.15×: "
+        f"{flag(acc['step_time_ratio_vs_adamw'] <= 1.15)}) ([table](#optimizer-memory-and-speed))."
+    ]
 
 
-REPORTS = {"optimizer_memory": Report("Optimizer memory and speed", section, plot, headline),
-           "optimizer_step_time": Report("Step time: 1 thread, rows interleaved and repeated", section)}  # fmt: skip
+REPORTS = {
+    "optimizer_memory": Report("Optimizer memory and speed", section, plot, headline),
+    "optimizer_step_time": Report("Step time: 1 thread, rows interleaved and repeated", section),
+}
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shape, all rows, < 2 min")
     ap.add_argument("--sizes", nargs="*", default=None, help="subset of the sizes (full: 25m 100m 400m)")
-    ap.add_argument("--rows", nargs="*", default=None, help=f"subset of {ROWS + BF16_ROWS} (default: each size's row set)")
+    ap.add_argument(
+        "--rows", nargs="*", default=None, help=f"subset of {ROWS + BF16_ROWS} (default: each size's row set)"
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per row before it is recorded as failed")
-    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/optimizer_memory[_quick].json)")
+    ap.add_argument(
+        "--out", default=None, help="results JSON (default benchmarks/results/optimizer_memory[_quick].json)"
+    )
     ap.add_argument("--merge", action="store_true", help="keep the other sizes already in the results JSON")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per row (default 1)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run the row list this many times, interleaved (A B A B ...), for step times under drifting "
-                         "load: timings are medians over repeats, memory is the first run's")  # fmt: skip
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the row list this many times, interleaved (A B A B ...), for step times under drifting "
+        "load: timings are medians over repeats, memory is the first run's",
+    )
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-size", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     mode = "quick" if args.quick else "full"
     if args.worker:
-        run = {**RUN[mode], **RUN_OVERRIDES.get(args.worker_size, {}), **(ROW_OVERRIDES.get(args.worker, {}) if mode == "full" else {})}
+        run = {
+            **RUN[mode],
+            **RUN_OVERRIDES.get(args.worker_size, {}),
+            **(ROW_OVERRIDES.get(args.worker, {}) if mode == "full" else {}),
+        }
         run["threads"] = args.threads or run["threads"]
         try:
             row = worker(args.worker, args.worker_size, run)
         except Exception as e:  # recorded in the row, e.g. an optimizer without a CPU kernel
-            row = {"name": args.worker, "size": args.worker_size, "description": DESCRIPTION.get(args.worker, ""),
-                   "ok": False, "error": f"{type(e).__name__}: {e}",
-                   "traceback_tail": traceback.format_exc()[-1500:]}  # fmt: skip
+            row = {
+                "name": args.worker,
+                "size": args.worker_size,
+                "description": DESCRIPTION.get(args.worker, ""),
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback_tail": traceback.format_exc()[-1500:],
+            }
         Path(args.worker_out).write_text(json.dumps(row))
         return row
     plan = SIZES[mode]
@@ -378,16 +484,27 @@ def main(argv=None) -> dict:
     def save(complete: bool) -> dict:
         merged = {**earlier, **results}
         result = {
-            "command": command, "complete": complete, "machine": machine_info(),
-            "load_start": load_start, "load_end": load_average(), "wall_seconds": round(time.time() - started, 1),
-            "run": {**RUN[mode], "threads": args.threads or RUN[mode]["threads"], "repeat": args.repeat,
-                    "overrides": {**RUN_OVERRIDES, **ROW_OVERRIDES} if mode == "full" else {}, "dtype": "float32 unless the row's precision says otherwise",
-                    "activation_checkpointing": True, "tie_word_embeddings": True, "lr": 1e-5},
+            "command": command,
+            "complete": complete,
+            "machine": machine_info(),
+            "load_start": load_start,
+            "load_end": load_average(),
+            "wall_seconds": round(time.time() - started, 1),
+            "run": {
+                **RUN[mode],
+                "threads": args.threads or RUN[mode]["threads"],
+                "repeat": args.repeat,
+                "overrides": {**RUN_OVERRIDES, **ROW_OVERRIDES} if mode == "full" else {},
+                "dtype": "float32 unless the row's precision says otherwise",
+                "activation_checkpointing": True,
+                "tie_word_embeddings": True,
+                "lr": 1e-5,
+            },
             "shapes": {s: shape_config(s) for s in merged},
             "targets": TARGETS,
             "acceptance": _acceptance(merged),
             "sizes": merged,
-        }  # fmt: skip
+        }
         write_result(out, result)
         return result
 
@@ -397,8 +514,23 @@ def main(argv=None) -> dict:
         for rep in range(args.repeat):
             for name in names:
                 row = _run_row(name, size, args.quick, args.timeout, args.threads)
-                print(json.dumps({k: row.get(k) for k in ("size", "name", "ok", "train_peak_bytes", "optimizer_state_bytes",
-                                                          "step_time_s_median", "error")}), flush=True)  # fmt: skip
+                print(
+                    json.dumps(
+                        {
+                            k: row.get(k)
+                            for k in (
+                                "size",
+                                "name",
+                                "ok",
+                                "train_peak_bytes",
+                                "optimizer_state_bytes",
+                                "step_time_s_median",
+                                "error",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
                 if rep == 0:
                     results[size].append(row)
                 else:

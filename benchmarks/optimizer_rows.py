@@ -19,14 +19,31 @@ Example::
 
 from __future__ import annotations
 
-ROWS = ["adamw", "logra", "logra_prev", "logra_dense_embed", "logra_fullgrad", "galore", "apollo", "adamw8bit_bnb",
-        "adamw8bit_torchao", "floor_grads", "floor_nograd", "floor_nograd_trim", "lora"]  # fmt: skip
+ROWS = [
+    "adamw",
+    "logra",
+    "logra_prev",
+    "logra_dense_embed",
+    "logra_fullgrad",
+    "galore",
+    "apollo",
+    "adamw8bit_bnb",
+    "adamw8bit_torchao",
+    "floor_grads",
+    "floor_nograd",
+    "floor_nograd_trim",
+    "lora",
+]
 # Issue 18's bf16 rows: measured at ~100M only (this CPU has no bf16 matrix units; a bf16 step at ~100M takes minutes).
 BF16_ROWS = ["logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16"]
 # Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
 # "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
-PRECISION = {"logra_bf16_stochastic": "bf16", "logra_bf16_kahan": "bf16", "adamw_bf16": "bf16",
-             "adamw_bf16_mixed": "bf16-mixed"}  # fmt: skip
+PRECISION = {
+    "logra_bf16_stochastic": "bf16",
+    "logra_bf16_kahan": "bf16",
+    "adamw_bf16": "bf16",
+    "adamw_bf16_mixed": "bf16-mixed",
+}
 
 DESCRIPTION = {
     "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
@@ -76,8 +93,14 @@ def make_optimizer(name: str, model, rank: int):
         groups = logra_param_groups(model, rank=rank, update_proj_gap=200, exclude=[r"embed_tokens", r"lm_head"])
         return LoGRA(groups, **hp)
     if name == "logra_prev":
-        return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), second_moment="full",
-                     basis_dtype="float32", exp_avg_dtype="float32", release_host_memory=False, **hp)  # fmt: skip
+        return LoGRA(
+            logra_param_groups(model, rank=rank, update_proj_gap=200),
+            second_moment="full",
+            basis_dtype="float32",
+            exp_avg_dtype="float32",
+            release_host_memory=False,
+            **hp,
+        )
     if name == "logra_fullgrad":
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), sketch_in_backward=False, **hp)
     if name == "galore":
@@ -85,15 +108,32 @@ def make_optimizer(name: str, model, rank: int):
 
         lowrank, rest = _lowrank_linear_params(model)
         return GaLoreAdamW(
-            [{"params": rest}, {"params": lowrank, "rank": rank, "update_proj_gap": 200, "scale": 0.25,
-                                "proj_type": "std"}], no_deprecation_warning=True, **hp)  # fmt: skip
+            [
+                {"params": rest},
+                {"params": lowrank, "rank": rank, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"},
+            ],
+            no_deprecation_warning=True,
+            **hp,
+        )
     if name == "apollo":
         from apollo_torch import APOLLOAdamW
 
         lowrank, rest = _lowrank_linear_params(model)
         return APOLLOAdamW(
-            [{"params": rest}, {"params": lowrank, "rank": rank, "proj": "random", "scale_type": "channel",
-                                "scale": 1, "update_proj_gap": 200, "proj_type": "std"}], **hp)  # fmt: skip
+            [
+                {"params": rest},
+                {
+                    "params": lowrank,
+                    "rank": rank,
+                    "proj": "random",
+                    "scale_type": "channel",
+                    "scale": 1,
+                    "update_proj_gap": 200,
+                    "proj_type": "std",
+                },
+            ],
+            **hp,
+        )
     if name == "adamw8bit_bnb":
         import bitsandbytes as bnb
 
@@ -156,8 +196,13 @@ def deep_state_bytes(optimizer) -> int:
     return total
 
 
-PEER_MODULES = {"galore": "galore_torch", "apollo": "apollo_torch", "adamw8bit_bnb": "bitsandbytes",
-                "adamw8bit_torchao": "torchao.optim", "lora": "peft"}  # fmt: skip
+PEER_MODULES = {
+    "galore": "galore_torch",
+    "apollo": "apollo_torch",
+    "adamw8bit_bnb": "bitsandbytes",
+    "adamw8bit_torchao": "torchao.optim",
+    "lora": "peft",
+}
 
 
 def tensor_only_state_bytes(opt) -> int | str:

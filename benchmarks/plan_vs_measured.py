@@ -14,7 +14,7 @@ high-water mark VmHWM over model build + all steps is the peak). Before the base
 of a throwaway 2-layer model loads the code, kernels and autograd threads that the first step
 would otherwise add (~20-35 MB whatever the model size, the CPU analogue of a CUDA context).
 The step is RL-shaped: full
-logits, ``grpo.gather_logprobs`` (fp32 log-softmax), a policy-gradient loss, backward,
+logits, ``rl.logprobs.gather_logprobs`` (fp32 log-softmax), a policy-gradient loss, backward,
 ``opt.step()``, with the logits held until the step ends, which is what the planner models.
 
 Compared per row (errors are ``predicted / measured - 1``):
@@ -60,8 +60,10 @@ QUICK = {  # small enough for ~1 min, large enough that fixed allocator overhead
     "5m": dict(vocab=8192, hidden=256, layers=4, intermediate=704, heads=4, kv_heads=2),
     "13m": dict(vocab=16384, hidden=384, layers=4, intermediate=1024, heads=6, kv_heads=2),
 }
-RUN = {"full": dict(seq=128, batch=4, rank=64, warmup=1, steps=1, threads=2),
-       "quick": dict(seq=64, batch=2, rank=8, warmup=1, steps=1, threads=1)}  # fmt: skip
+RUN = {
+    "full": dict(seq=128, batch=4, rank=64, warmup=1, steps=1, threads=2),
+    "quick": dict(seq=64, batch=2, rank=8, warmup=1, steps=1, threads=1),
+}
 OPTIMIZERS = ("adamw", "logra")
 # Each row is measured twice. "live": glibc serves every allocation >= 64 KiB with mmap and
 # returns it to the OS when freed, and MKL's buffer cache is off, so RSS follows live tensor
@@ -69,15 +71,24 @@ OPTIMIZERS = ("adamw", "logra")
 # allocators as benchmarks/optimizer_memory.py runs them; freed heap chunks stay resident and
 # MKL keeps its GEMM buffers (19 MB on the 25M model, measured), on top of the tensors.
 MALLOC = {"live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}, "default": {}}
-MALLOC_DOC = {"live": "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1: RSS tracks live tensor bytes",
-              "default": "default glibc malloc and MKL (as optimizer_memory.py): includes allocator slack"}  # fmt: skip
+MALLOC_DOC = {
+    "live": "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1: RSS tracks live tensor bytes",
+    "default": "default glibc malloc and MKL (as optimizer_memory.py): includes allocator slack",
+}
 
 
 def _config_dict(shape: dict, seq: int) -> dict:
-    return dict(model_type="qwen2", vocab_size=shape["vocab"], hidden_size=shape["hidden"],
-                intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                max_position_embeddings=seq, tie_word_embeddings=True)  # fmt: skip
+    return dict(
+        model_type="qwen2",
+        vocab_size=shape["vocab"],
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=seq,
+        tie_word_embeddings=True,
+    )
 
 
 def _exact_bytes(model, opt) -> tuple[int, int, int]:
@@ -89,7 +100,7 @@ def _exact_bytes(model, opt) -> tuple[int, int, int]:
 
 def _rl_step(model, opt, ids, adv) -> int:
     """One RL-shaped training step; returns the bytes of gradients alive after backward."""
-    from logra_lightning.grpo import gather_logprobs
+    from logra_lightning.rl.logprobs import gather_logprobs
 
     logits = model(input_ids=ids).logits  # [B, T, V], held until the step ends
     logp = gather_logprobs(logits[:, :-1], ids[:, 1:])  # [B, T-1]
@@ -109,15 +120,26 @@ def _warm_up_runtime(optimizer: str) -> None:
     from logra_lightning.optim import LoGRA, logra_param_groups
 
     for ckpt in (False, True):
-        cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
-                          tie_word_embeddings=True, use_cache=False)  # fmt: skip
+        cfg = Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=16,
+            tie_word_embeddings=True,
+            use_cache=False,
+        )
         model = Qwen2ForCausalLM(cfg)
         if ckpt:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        opt = (torch.optim.AdamW(model.parameters()) if optimizer == "adamw"
-               else LoGRA(logra_param_groups(model, rank=4), lr=1e-5))  # fmt: skip
+        opt = (
+            torch.optim.AdamW(model.parameters())
+            if optimizer == "adamw"
+            else LoGRA(logra_param_groups(model, rank=4), lr=1e-5)
+        )
         ids = torch.randint(0, 64, (2, 16))
         _rl_step(model, opt, ids, torch.randn(2, 15))
         del model, opt
@@ -132,8 +154,10 @@ def worker(size: str, optimizer: str, ckpt: bool, shape: dict, run: dict) -> dic
     from logra_lightning.optim import LoGRA, logra_param_groups
 
     gen = torch.Generator().manual_seed(0)
-    data = [torch.randint(0, shape["vocab"], (run["batch"], run["seq"]), generator=gen)
-            for _ in range(run["warmup"] + run["steps"])]  # fmt: skip
+    data = [
+        torch.randint(0, shape["vocab"], (run["batch"], run["seq"]), generator=gen)
+        for _ in range(run["warmup"] + run["steps"])
+    ]
     adv = torch.randn(run["batch"], run["seq"] - 1, generator=gen)
     _warm_up_runtime(optimizer)
     gc.collect()
@@ -155,24 +179,44 @@ def worker(size: str, optimizer: str, ckpt: bool, shape: dict, run: dict) -> dic
         grads.append(_rl_step(model, opt, ids, adv))
         times.append(time.perf_counter() - t0)
     params, _, state = _exact_bytes(model, opt)
-    return {"param_bytes": params, "grad_bytes_after_backward": grads[0], "optimizer_state_bytes": state,
-            "rss_before_model_bytes": rss_before, "train_peak_bytes": proc_memory()["VmHWM"] - rss_before,
-            "step_time_s": times}  # fmt: skip
+    return {
+        "param_bytes": params,
+        "grad_bytes_after_backward": grads[0],
+        "optimizer_state_bytes": state,
+        "rss_before_model_bytes": rss_before,
+        "train_peak_bytes": proc_memory()["VmHWM"] - rss_before,
+        "step_time_s": times,
+    }
 
 
 def predict(shape: dict, run: dict, optimizer: str, ckpt: bool, allocator_slack: float = 0.0) -> dict:
-    from logra_lightning.model_shapes import architecture_from_config
+    from logra_lightning.models.shapes import architecture_from_config
     from logra_lightning.plan import PlanSetup, plan_optimizer
 
     arch = architecture_from_config(_config_dict(shape, run["seq"]), name="bench")
-    setup = PlanSetup(gpus=1, gpu_memory_gb=1024, rank=run["rank"], batch=run["batch"], seq_len=run["seq"],
-                      precision="fp32", activation_checkpointing=ckpt, adamw_impl="for-loop", reserve_gb=0,
-                      allocator_slack=allocator_slack)  # fmt: skip
+    setup = PlanSetup(
+        gpus=1,
+        gpu_memory_gb=1024,
+        rank=run["rank"],
+        batch=run["batch"],
+        seq_len=run["seq"],
+        precision="fp32",
+        activation_checkpointing=ckpt,
+        adamw_impl="for-loop",
+        reserve_gb=0,
+        allocator_slack=allocator_slack,
+    )
     out = plan_optimizer(arch, setup, optimizer)
     b = out["phases"]["optimizer_step"]
-    return {"params_m": arch.num_params() / 1e6, "param_bytes": b["params"], "grad_bytes": b["grads"],
-            "optimizer_state_bytes": b["optimizer_state"], "peak_bytes": out["peak_bytes"],
-            "peak_phase": out["peak_phase"], "peak_breakdown": out["breakdown"]}  # fmt: skip
+    return {
+        "params_m": arch.num_params() / 1e6,
+        "param_bytes": b["params"],
+        "grad_bytes": b["grads"],
+        "optimizer_state_bytes": b["optimizer_state"],
+        "peak_bytes": out["peak_bytes"],
+        "peak_phase": out["peak_phase"],
+        "peak_breakdown": out["breakdown"],
+    }
 
 
 def compare(pred: dict, meas: dict) -> dict:
@@ -195,8 +239,11 @@ def fit_allocator_slack(rows: list[dict], fit_size: str, run: dict) -> float | N
     Adds ``error["default"]["peak_with_fitted_slack"]`` (and the prediction) to each row measured
     with the default allocators; returns the slack, or None when no ``fit_size`` row has one.
     """
-    fit = [r["measured"]["default"]["train_peak_bytes"] / r["predicted"]["peak_bytes"] - 1
-           for r in rows if r["size"] == fit_size and "default" in r["measured"]]  # fmt: skip
+    fit = [
+        r["measured"]["default"]["train_peak_bytes"] / r["predicted"]["peak_bytes"] - 1
+        for r in rows
+        if r["size"] == fit_size and "default" in r["measured"]
+    ]
     if not fit:
         return None
     slack = sum(fit) / len(fit)
@@ -204,7 +251,9 @@ def fit_allocator_slack(rows: list[dict], fit_size: str, run: dict) -> float | N
         if "default" in r["measured"]:
             pred = predict(r["shape"], run, r["optimizer"], r["activation_checkpointing"], allocator_slack=slack)
             r["predicted_with_fitted_slack"] = {"peak_bytes": pred["peak_bytes"], "peak_phase": pred["peak_phase"]}
-            r["error"]["default"]["peak_with_fitted_slack"] = pred["peak_bytes"] / r["measured"]["default"]["train_peak_bytes"] - 1
+            r["error"]["default"]["peak_with_fitted_slack"] = (
+                pred["peak_bytes"] / r["measured"]["default"]["train_peak_bytes"] - 1
+            )
     return slack
 
 
@@ -221,11 +270,17 @@ def section(res: dict) -> tuple[list[str], dict]:
     """``logra plan`` against measured bytes and peaks, per size x optimizer x activation checkpointing."""
     t, allocators = res["targets"], list(res.get("allocators", {}))
     wall = res.get("wall_seconds", sum(r.get("wall_s", 0.0) for r in res["rows"]))
-    load = (f"load at start {load_text(res['load_start'])}, at end {load_text(res.get('load_end'))}" if res.get("load_start")
-            else "load not recorded")  # fmt: skip
+    load = (
+        f"load at start {load_text(res['load_start'])}, at end {load_text(res.get('load_end'))}"
+        if res.get("load_start")
+        else "load not recorded"
+    )
     mallocs = "; ".join(f"`{m}`: {doc}" for m, doc in res.get("allocators", {}).items())
-    out = [f"Command: `{res['command']}` — {wall:.0f} s, {load}. Run settings: `{json.dumps(res['run'])}`. Errors are "
-           f"predicted / measured − 1; allocator settings: {mallocs}.", ""]  # fmt: skip
+    out = [
+        f"Command: `{res['command']}` — {wall:.0f} s, {load}. Run settings: `{json.dumps(res['run'])}`. Errors are "
+        f"predicted / measured − 1; allocator settings: {mallocs}.",
+        "",
+    ]
     slack_fit = res["summary"].get("allocator_slack_fit")
     fitted_head = [f"peak error (`default`, slack {pct(slack_fit['slack'])})"] if slack_fit else []
     rows = []
@@ -237,28 +292,62 @@ def section(res: dict) -> tuple[list[str], dict]:
         peaks = []
         for m in allocators:
             meas = r["measured"].get(m)
-            peaks += ([num(meas["train_peak_bytes"] / MB, ".0f"), pct(err[m]["peak"])] if meas
-                      else ["failed: " + clip(r.get("failed", {}).get(m, ""), 80), ""])  # fmt: skip
+            peaks += (
+                [num(meas["train_peak_bytes"] / MB, ".0f"), pct(err[m]["peak"])]
+                if meas
+                else ["failed: " + clip(r.get("failed", {}).get(m, ""), 80), ""]
+            )
         fitted = [pct(err.get("default", {}).get("peak_with_fitted_slack"))] if slack_fit else []
-        rows.append([r["size"], num(pred["params_m"], ".1f"), r["optimizer"], "on" if r["activation_checkpointing"] else "off",
-                     num(pred_exact / MB, ".1f"), pct(exact, 2), num(pred["peak_bytes"] / MB, ".0f"), pred["peak_phase"],
-                     *peaks, *fitted, num(r.get("wall_s"), ".0f")])  # fmt: skip
-    out += table(["size", "params (M)", "optimizer", "act. ckpt", "params+grads+state MB (plan)", "error",
-                  "peak MB (plan)", "peak phase", *(h for m in allocators for h in (f"peak MB (`{m}`)", f"peak error (`{m}`)")),
-                  *fitted_head, "wall s"], rows) + [""]  # fmt: skip
+        rows.append(
+            [
+                r["size"],
+                num(pred["params_m"], ".1f"),
+                r["optimizer"],
+                "on" if r["activation_checkpointing"] else "off",
+                num(pred_exact / MB, ".1f"),
+                pct(exact, 2),
+                num(pred["peak_bytes"] / MB, ".0f"),
+                pred["peak_phase"],
+                *peaks,
+                *fitted,
+                num(r.get("wall_s"), ".0f"),
+            ]
+        )
+    out += table(
+        [
+            "size",
+            "params (M)",
+            "optimizer",
+            "act. ckpt",
+            "params+grads+state MB (plan)",
+            "error",
+            "peak MB (plan)",
+            "peak phase",
+            *(h for m in allocators for h in (f"peak MB (`{m}`)", f"peak error (`{m}`)")),
+            *fitted_head,
+            "wall s",
+        ],
+        rows,
+    ) + [""]
     s = res["summary"]
     exact = s.get("max_abs_error_params_grads_state")
-    verdicts = [f"params+grads+state within {pct(t['params_grads_state_abs_error_max'], 0)} → worst {pct(exact, 2)} "
-                f"({met(exact is not None and exact <= t['params_grads_state_abs_error_max'])})"]  # fmt: skip
+    verdicts = [
+        f"params+grads+state within {pct(t['params_grads_state_abs_error_max'], 0)} → worst {pct(exact, 2)} "
+        f"({met(exact is not None and exact <= t['params_grads_state_abs_error_max'])})"
+    ]
     for m in allocators:
         peak = s.get(f"max_abs_error_peak_{m}")
-        verdicts.append(f"peak within {pct(t['peak_abs_error_max'], 0)} under `{m}` → worst {pct(peak)} "
-                        f"({met(peak is not None and peak <= t['peak_abs_error_max'])})")  # fmt: skip
+        verdicts.append(
+            f"peak within {pct(t['peak_abs_error_max'], 0)} under `{m}` → worst {pct(peak)} "
+            f"({met(peak is not None and peak <= t['peak_abs_error_max'])})"
+        )
     if slack_fit:
         held = s.get("max_abs_error_peak_default_fitted_slack_held_out")
-        verdicts.append(f"peak within {pct(t['peak_abs_error_max'], 0)} under `default` with `--allocator-slack "
-                        f"{slack_fit['slack']:.3f}` fitted on the {slack_fit['size']} rows → worst held-out (other sizes) "
-                        f"{pct(held)} ({met(held is not None and held <= t['peak_abs_error_max'])})")  # fmt: skip
+        verdicts.append(
+            f"peak within {pct(t['peak_abs_error_max'], 0)} under `default` with `--allocator-slack "
+            f"{slack_fit['slack']:.3f}` fitted on the {slack_fit['size']} rows → worst held-out (other sizes) "
+            f"{pct(held)} ({met(held is not None and held <= t['peak_abs_error_max'])})"
+        )
     out += ["Targets: " + "; ".join(verdicts) + f"; failed rows: {s.get('failed_rows', 0)}.", ""]
     return out, s
 
@@ -272,7 +361,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--sizes", nargs="*", default=None, help="subset of the size names")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes at once (peaks are per process)")
     ap.add_argument("--fit-size", default="25m", help="size whose rows fit the allocator slack (the rest are held out)")
-    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/plan_vs_measured[_quick].json)")
+    ap.add_argument(
+        "--out", default=None, help="results JSON (default benchmarks/results/plan_vs_measured[_quick].json)"
+    )
     ap.add_argument("--worker", nargs=3, default=None, metavar=("SIZE", "OPT", "CKPT"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -284,8 +375,12 @@ def main(argv=None) -> dict:
         return {}
     mallocs = ("live",) if args.quick else tuple(MALLOC)
     started, load_start = time.perf_counter(), load_average()
-    keys = [(size, ckpt, opt_name) for size in args.sizes or list(sizes)
-            for ckpt in ((True,) if args.quick else (True, False)) for opt_name in OPTIMIZERS]  # fmt: skip
+    keys = [
+        (size, ckpt, opt_name)
+        for size in args.sizes or list(sizes)
+        for ckpt in ((True,) if args.quick else (True, False))
+        for opt_name in OPTIMIZERS
+    ]
     unknown = sorted({k[0] for k in keys} - set(sizes))
     if unknown:
         raise SystemExit(f"unknown --sizes {unknown} (allowed: {', '.join(sizes)})")
@@ -301,8 +396,16 @@ def main(argv=None) -> dict:
     rows = []
     for size, ckpt, opt_name in keys:
         pred = predict(sizes[size], run, opt_name, ckpt)
-        row = {"size": size, "optimizer": opt_name, "activation_checkpointing": ckpt, "shape": sizes[size],
-               "predicted": pred, "measured": {}, "error": {}, "wall_s": 0.0}  # fmt: skip
+        row = {
+            "size": size,
+            "optimizer": opt_name,
+            "activation_checkpointing": ckpt,
+            "shape": sizes[size],
+            "predicted": pred,
+            "measured": {},
+            "error": {},
+            "wall_s": 0.0,
+        }
         for malloc in mallocs:
             meas, failure, seconds = measured[(size, opt_name, ckpt, malloc)]
             row["wall_s"] += seconds
@@ -311,39 +414,58 @@ def main(argv=None) -> dict:
                 continue
             row["measured"][malloc], row["error"][malloc] = meas, compare(pred, meas)
         rows.append(row)
-        errs = "  ".join(f"{m}: exact {e['params_grads_state']:+.2%} peak {e['peak']:+.2%}"
-                         for m, e in row["error"].items())  # fmt: skip
-        print(f"{size:>6} {opt_name:>5} ckpt={int(ckpt)}  {errs or row.get('failed')}  ({row['wall_s']:.0f}s)", flush=True)
+        errs = "  ".join(
+            f"{m}: exact {e['params_grads_state']:+.2%} peak {e['peak']:+.2%}" for m, e in row["error"].items()
+        )
+        print(
+            f"{size:>6} {opt_name:>5} ckpt={int(ckpt)}  {errs or row.get('failed')}  ({row['wall_s']:.0f}s)", flush=True
+        )
     import torch
 
     slack = fit_allocator_slack(rows, args.fit_size, run)
-    held_out = [r["error"]["default"]["peak_with_fitted_slack"] for r in rows
-                if r["size"] != args.fit_size and "peak_with_fitted_slack" in r["error"].get("default", {})]  # fmt: skip
+    held_out = [
+        r["error"]["default"]["peak_with_fitted_slack"]
+        for r in rows
+        if r["size"] != args.fit_size and "peak_with_fitted_slack" in r["error"].get("default", {})
+    ]
     if slack is not None:
-        print(f"allocator slack fitted on {args.fit_size}: {slack:+.1%}; held-out peak errors: "
-              + " ".join(f"{e:+.1%}" for e in held_out))  # fmt: skip
+        print(
+            f"allocator slack fitted on {args.fit_size}: {slack:+.1%}; held-out peak errors: "
+            + " ".join(f"{e:+.1%}" for e in held_out)
+        )
     errors = [(m, e) for r in rows for m, e in r["error"].items()]
     result = {
         "command": "python benchmarks/plan_vs_measured.py" + (" --quick" if args.quick else ""),
-        "wall_seconds": round(time.perf_counter() - started, 1), "load_start": load_start, "load_end": load_average(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch": torch.__version__, "python": platform.python_version(), "torch_threads": run["threads"]},
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "torch_threads": run["threads"],
+        },
         "jobs": args.jobs,
         "run": {**run, "dtype": "float32", "tie_word_embeddings": True, "loss": "gather_logprobs policy gradient"},
         "targets": {"params_grads_state_abs_error_max": 0.02, "peak_abs_error_max": 0.20},
         "allocators": {m: MALLOC_DOC[m] for m in mallocs},
         "summary": {
             "max_abs_error_params_grads_state": max((abs(e["params_grads_state"]) for _, e in errors), default=None),
-            **{f"max_abs_error_peak_{m}": max((abs(e["peak"]) for n, e in errors if n == m), default=None)
-               for m in mallocs},
+            **{
+                f"max_abs_error_peak_{m}": max((abs(e["peak"]) for n, e in errors if n == m), default=None)
+                for m in mallocs
+            },
             "allocator_slack_fit": None if slack is None else {"size": args.fit_size, "slack": slack},
             "max_abs_error_peak_default_fitted_slack_held_out": max(map(abs, held_out), default=None),
             "failed_rows": sum("failed" in r for r in rows),
         },
         "rows": rows,
-    }  # fmt: skip
+    }
     print(json.dumps(result["summary"]))
-    write_result(Path(args.out) if args.out else RESULTS / f"plan_vs_measured{'_quick' if args.quick else ''}.json", result)
+    write_result(
+        Path(args.out) if args.out else RESULTS / f"plan_vs_measured{'_quick' if args.quick else ''}.json", result
+    )
     return result
 
 

@@ -18,7 +18,7 @@ steps, and after the last step (``val/accuracy`` in TensorBoard, ``summary.json`
   param low-rank, the library default), ``update_proj_gap`` from the LoGRA config;
 * ``galore_r16``: ``galore_torch.GaLoreAdamW`` through :mod:`benchmarks.galore_named`
   (attention/MLP low-rank, ``scale=1``);
-* ``lora_r{16,8}``: LoRA (PEFT, :class:`logra_lightning.adapters.LoRA`, ``alpha = 2r``, every
+* ``lora_r{16,8}``: LoRA (PEFT, :class:`logra_lightning.models.LoRA`, ``alpha = 2r``, every
   attention/MLP matrix) with ``torch.optim.AdamW`` on the factors, at the lr of
   ``configs/arithmetic_tiny_lora.yaml`` (``--lora-lr``; LoRA wants a larger lr than full
   fine-tuning). r16 is LoGRA r16's rank; r8 is the rank whose params + grads + optimizer state
@@ -64,8 +64,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    CONFIGS, RESULTS, WORK_DIR, budget_args, config_defaults, load_average, logra_fit, machine_info, write_result,
-)  # fmt: skip
+    CONFIGS,
+    RESULTS,
+    WORK_DIR,
+    budget_args,
+    config_defaults,
+    load_average,
+    logra_fit,
+    machine_info,
+    write_result,
+)
 from benchmarks.report import Report, command_head, num, pct, table  # noqa: E402
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
@@ -78,8 +86,11 @@ def row_callbacks(row: str) -> list[dict]:
     """Callbacks of a row: MemoryMonitor, plus the bf16 weight rounding of a ``*_bf16w_<rule>`` row."""
     if "_bf16w_" not in row:
         return MEMORY_MONITOR
-    return MEMORY_MONITOR + [{"class_path": "benchmarks.bf16_weights.BF16Weights",
-                              "init_args": {"rule": row.rsplit("_", 1)[1]}}]  # fmt: skip
+    return MEMORY_MONITOR + [
+        {"class_path": "benchmarks.bf16_weights.BF16Weights", "init_args": {"rule": row.rsplit("_", 1)[1]}}
+    ]
+
+
 QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
 JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -107,8 +118,10 @@ def _gap(path: str | None) -> int:
 
 def lora_adapter(rank: int) -> dict:
     """The ``--model.adapter`` value of a LoRA row (alpha = 2 * rank, as in the LoRA config)."""
-    return {"class_path": "logra_lightning.adapters.LoRA",
-            "init_args": {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS, "dropout": 0.0}}  # fmt: skip
+    return {
+        "class_path": "logra_lightning.models.LoRA",
+        "init_args": {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS, "dropout": 0.0},
+    }
 
 
 def row_args(row: str) -> list[str]:
@@ -123,8 +136,10 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float |
     rows = {"adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": adamw_lr, "weight_decay": 0.0}}}
     extra = json.loads(args.logra_args) if args.logra_args else {}
     for r in args.ranks:
-        rows[f"logra_r{r}{args.row_suffix}"] = {"class_path": "logra_lightning.optim.LoGRA",
-                                                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap, **extra}}
+        rows[f"logra_r{r}{args.row_suffix}"] = {
+            "class_path": "logra_lightning.optim.LoGRA",
+            "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap, **extra},
+        }
     rows[f"galore_r{args.galore_rank}"] = {
         "class_path": "benchmarks.galore_named.GaLoreAdamWNamed",
         "init_args": {"lr": logra_lr, "rank": args.galore_rank, "update_proj_gap": gap, "scale": 1.0},
@@ -132,11 +147,16 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float |
     if getattr(args, "bf16", False):
         r = max([x for x in args.ranks if x <= 16] or [16])
         for rule in ("nearest", "stochastic", "kahan"):
-            rows[f"logra_r{r}_bf16w_{rule}"] = {"class_path": "logra_lightning.optim.LoGRA",
-                                                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap}}  # fmt: skip
+            rows[f"logra_r{r}_bf16w_{rule}"] = {
+                "class_path": "logra_lightning.optim.LoGRA",
+                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap},
+            }
         rows["adamw_bf16w_nearest"] = {**rows["adamw"]}
     for r in getattr(args, "lora_ranks", None) or []:
-        rows[f"lora_r{r}"] = {"class_path": "torch.optim.AdamW", "init_args": {"lr": lora_lr or adamw_lr, "weight_decay": 0.0}}
+        rows[f"lora_r{r}"] = {
+            "class_path": "torch.optim.AdamW",
+            "init_args": {"lr": lora_lr or adamw_lr, "weight_decay": 0.0},
+        }
     if args.rows:
         unknown = set(args.rows) - set(rows)
         if unknown:
@@ -146,8 +166,13 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float |
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "n": len(values)}  # fmt: skip
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:
@@ -160,8 +185,9 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
             entry["accuracy_before"] = _stats([r["accuracy_before"] for r in ok])
             entry["accuracy_after"] = _stats([r["accuracy_after"] for r in ok])
             steps = sorted(set.intersection(*(set(s for s, _ in r["curve"]) for r in ok)))
-            entry["curve"] = [[s, *(lambda v: [v["mean"], v["std"]])(_stats([dict(r["curve"])[s] for r in ok]))]
-                              for s in steps]  # fmt: skip
+            entry["curve"] = [
+                [s, *(lambda v: [v["mean"], v["std"]])(_stats([dict(r["curve"])[s] for r in ok]))] for s in steps
+            ]
             entry["step_seconds_median"] = statistics.median(r["step_seconds_median"] for r in ok)
             for key in ("peak_rss_bytes", "train_tensor_bytes", "optimizer_state_bytes"):
                 if all(r.get(key) is not None for r in ok):
@@ -176,37 +202,69 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
 
 def memory_fields(scalars: dict[str, list]) -> dict[str, int | None]:
     """Peak RSS over the training steps and the training-tensor bytes, from MemoryMonitor's scalars."""
-    peaks = [v for tag, series in scalars.items() if tag.startswith("memory/") and tag.endswith("/peak_gb")
-             for _, v in series]  # fmt: skip
-    last = {k: max((v for _, v in scalars.get(f"memory/{k}_gb", [])), default=None)
-            for k in ("params", "grads", "optimizer_state")}  # fmt: skip
+    peaks = [
+        v
+        for tag, series in scalars.items()
+        if tag.startswith("memory/") and tag.endswith("/peak_gb")
+        for _, v in series
+    ]
+    last = {
+        k: max((v for _, v in scalars.get(f"memory/{k}_gb", [])), default=None)
+        for k in ("params", "grads", "optimizer_state")
+    }
     tensors = None if None in last.values() else sum(last.values())
-    return {"peak_rss_bytes": round(max(peaks) * 1e9) if peaks else None,
-            "train_tensor_bytes": None if tensors is None else round(tensors * 1e9),
-            "optimizer_state_bytes": None if last["optimizer_state"] is None else round(last["optimizer_state"] * 1e9)}
+    return {
+        "peak_rss_bytes": round(max(peaks) * 1e9) if peaks else None,
+        "train_tensor_bytes": None if tensors is None else round(tensors * 1e9),
+        "optimizer_state_bytes": None if last["optimizer_state"] is None else round(last["optimizer_state"] * 1e9),
+    }
 
 
 def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str], work_dir: Path) -> dict:
     """One ``logra fit`` of a row and seed on one torch thread: held-out accuracy, curves, step seconds, memory."""
     name = f"{row}_seed{seed}"
-    res = logra_fit(name, config, [*common, "--seed_everything", str(seed), "--data.seed", str(seed), *row_args(row)],
-                    optimizer=optimizer, callbacks=row_callbacks(row), work_dir=work_dir, env=ONE_THREAD)  # fmt: skip
-    run = {"row": row, "seed": seed, "lr": optimizer["init_args"]["lr"], "ok": res["ok"],
-           "seconds": res["seconds"], "load_before": res["load_before"], "load_after": res["load_after"],
-           "command": res["command"]}  # fmt: skip
+    res = logra_fit(
+        name,
+        config,
+        [*common, "--seed_everything", str(seed), "--data.seed", str(seed), *row_args(row)],
+        optimizer=optimizer,
+        callbacks=row_callbacks(row),
+        work_dir=work_dir,
+        env=ONE_THREAD,
+    )
+    run = {
+        "row": row,
+        "seed": seed,
+        "lr": optimizer["init_args"]["lr"],
+        "ok": res["ok"],
+        "seconds": res["seconds"],
+        "load_before": res["load_before"],
+        "load_after": res["load_after"],
+        "command": res["command"],
+    }
     if res["ok"]:
         sc = res["scalars"]
-        run.update(accuracy_before=res["summary"]["accuracy_before"], accuracy_after=res["summary"]["accuracy_after"],
-                   curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
-                   reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
-                   step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
-                   **memory_fields(sc))  # fmt: skip
+        run.update(
+            accuracy_before=res["summary"]["accuracy_before"],
+            accuracy_after=res["summary"]["accuracy_after"],
+            curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
+            reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
+            step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
+            **memory_fields(sc),
+        )
         if "bf16/lost_share" in sc:
             run["bf16_lost_share_mean"] = statistics.fmean(v for _, v in sc["bf16/lost_share"])
     else:
         run["error"] = res["error"]
-    print(f"{name}: " + (f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
-                         if run["ok"] else f"FAILED {run['error'][-300:]}"), flush=True)  # fmt: skip
+    print(
+        f"{name}: "
+        + (
+            f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
+            if run["ok"]
+            else f"FAILED {run['error'][-300:]}"
+        ),
+        flush=True,
+    )
     return run
 
 
@@ -216,10 +274,13 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
 def section(res: dict) -> tuple[list[str], dict]:
     """Held-out accuracy per row: mean ± std over seeds, and against AdamW's."""
     st = res["settings"]
-    out = [command_head(res) + f" Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
-           f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
-           f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}, {st.get('jobs', 1)} run(s) at a time "
-           "(1 torch thread each: s/step is a rough cost figure, accuracy does not depend on it).", ""]  # fmt: skip
+    out = [
+        command_head(res) + f" Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
+        f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
+        f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}, {st.get('jobs', 1)} run(s) at a time "
+        "(1 torch thread each: s/step is a rough cost figure, accuracy does not depend on it).",
+        "",
+    ]
     rows = []
     for row, s in res["summary"].items():
         if "accuracy_after" not in s:
@@ -227,11 +288,29 @@ def section(res: dict) -> tuple[list[str], dict]:
             continue
         a, b = s["accuracy_after"], s["accuracy_before"]
         lr = st["optimizers"][row]["init_args"]["lr"]
-        rows.append([row, f"{lr:g}", f"{s['ok_runs']}/{s['runs']}", pct(b["mean"]),
-                     f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})",
-                     num(s.get("accuracy_after_vs_adamw_points"), "+.1f"), num(s.get("step_seconds_median"), ".2f")])  # fmt: skip
-    out += table(["row", "lr", "runs ok", "accuracy before", "accuracy after, % (mean ± std, min–max)",
-                  "vs AdamW (points)", "s/step (median)"], rows) + [""]  # fmt: skip
+        rows.append(
+            [
+                row,
+                f"{lr:g}",
+                f"{s['ok_runs']}/{s['runs']}",
+                pct(b["mean"]),
+                f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})",
+                num(s.get("accuracy_after_vs_adamw_points"), "+.1f"),
+                num(s.get("step_seconds_median"), ".2f"),
+            ]
+        )
+    out += table(
+        [
+            "row",
+            "lr",
+            "runs ok",
+            "accuracy before",
+            "accuracy after, % (mean ± std, min–max)",
+            "vs AdamW (points)",
+            "s/step (median)",
+        ],
+        rows,
+    ) + [""]
     return out, res["summary"]
 
 
@@ -245,25 +324,37 @@ def plot(res: dict, plt):
         mean = [100 * c[1] for c in s["curve"]]
         std = [100 * c[2] for c in s["curve"]]
         (line,) = ax.plot(steps, mean, marker="o", ms=3, label=f"{row} (n={s['ok_runs']})")
-        ax.fill_between(steps, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
-                        color=line.get_color(), alpha=0.15)  # fmt: skip
+        ax.fill_between(
+            steps,
+            [m - d for m, d in zip(mean, std)],
+            [m + d for m, d in zip(mean, std)],
+            color=line.get_color(),
+            alpha=0.15,
+        )
     st = res["settings"]
     ax.set_xlabel("RL step")
     ax.set_ylabel("held-out greedy accuracy (%)")
-    ax.set_title(f"Arithmetic RL: mean ± std over seeds {st['seeds']} (lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g})",
-                 fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"Arithmetic RL: mean ± std over seeds {st['seeds']} (lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g})",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     return fig
 
 
 def headline(found: dict) -> list[str]:
     """The headline bullet: each row's held-out accuracy after RL against AdamW's."""
-    parts = [f"{row} {s['accuracy_after_vs_adamw_points']:+.1f}" for row, s in (found.get("quality") or {}).items()
-             if row != "adamw" and "accuracy_after_vs_adamw_points" in s]  # fmt: skip
+    parts = [
+        f"{row} {s['accuracy_after_vs_adamw_points']:+.1f}"
+        for row, s in (found.get("quality") or {}).items()
+        if row != "adamw" and "accuracy_after_vs_adamw_points" in s
+    ]
     if not parts:
         return []
-    return [f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
-            "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."]
+    return [
+        f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
+        "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."
+    ]
 
 
 REPORTS = {"quality": Report("Quality: held-out accuracy on the arithmetic RL task", section, plot, headline)}
@@ -275,8 +366,10 @@ def merge_results(earlier: dict, new: dict) -> dict:
     kept = [r for r in earlier.get("runs", []) if r["row"] not in fresh]
     merged = {**new, "runs": kept + new["runs"], "merged_from": earlier.get("command")}
     merged["summary"] = summarize(merged["runs"])
-    merged["settings"] = {**new["settings"], "optimizers": {**earlier.get("settings", {}).get("optimizers", {}),
-                                                            **new["settings"]["optimizers"]}}  # fmt: skip
+    merged["settings"] = {
+        **new["settings"],
+        "optimizers": {**earlier.get("settings", {}).get("optimizers", {}), **new["settings"]["optimizers"]},
+    }
     return merged
 
 
@@ -291,15 +384,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
     ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
     ap.add_argument("--galore-rank", type=int, default=16)
-    ap.add_argument("--logra-args", default=None,
-                    help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full", "basis_dtype": "float32"}\'')
+    ap.add_argument(
+        "--logra-args",
+        default=None,
+        help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full", "basis_dtype": "float32"}\'',
+    )
     ap.add_argument("--row-suffix", default="", help="appended to the LoGRA row names (e.g. _fullv)")
     ap.add_argument("--lora-ranks", type=int, nargs="*", default=None, help="LoRA ranks (default 16 8; --quick: 8)")
     ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
-    ap.add_argument("--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)")
-    ap.add_argument("--merge", action="store_true", help="keep the earlier results file's rows this run does not repeat")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})")
+    ap.add_argument(
+        "--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)"
+    )
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the earlier results file's rows this run does not repeat"
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})",
+    )
     ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/quality[_quick].json)")
     ap.add_argument("--work-dir", default=str(WORK_DIR / "quality"), help="TensorBoard logs of the runs")
@@ -327,18 +431,30 @@ def main(argv=None) -> dict:
         runs = list(pool.map(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan))
     result = {
         "command": "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
+        "machine": machine_info(),
+        "load_start": load_start,
+        "load_end": load_average(),
         "wall_seconds": round(time.time() - started, 1),
-        "settings": {"config": base["config"], "logra_config": logra["config"] if logra else None,
-                     "steps": steps, "val_check_interval": val_every, "seeds": args.seeds, "jobs": jobs,
-                     "adamw_lr": adamw_lr, "logra_lr": logra_lr, "lora_lr": lora_lr, "update_proj_gap": gap,
-                     "lora_adapters": {row: lora_adapter(int(row[len("lora_r"):])) for row in rows if row.startswith("lora_r")},
-                     "batch_size": base["batch_size"], "group_size": base["group_size"],
-                     "held_out_prompts": QUICK["test_size"] if args.quick else base["held_out_prompts"],
-                     "optimizers": rows},
+        "settings": {
+            "config": base["config"],
+            "logra_config": logra["config"] if logra else None,
+            "steps": steps,
+            "val_check_interval": val_every,
+            "seeds": args.seeds,
+            "jobs": jobs,
+            "adamw_lr": adamw_lr,
+            "logra_lr": logra_lr,
+            "lora_lr": lora_lr,
+            "update_proj_gap": gap,
+            "lora_adapters": {row: lora_adapter(int(row[len("lora_r") :])) for row in rows if row.startswith("lora_r")},
+            "batch_size": base["batch_size"],
+            "group_size": base["group_size"],
+            "held_out_prompts": QUICK["test_size"] if args.quick else base["held_out_prompts"],
+            "optimizers": rows,
+        },
         "summary": summarize(runs),
         "runs": runs,
-    }  # fmt: skip
+    }
     out = Path(args.out) if args.out else RESULTS / f"quality{'_quick' if args.quick else ''}.json"
     if args.merge and out.exists():
         result = merge_results(json.loads(out.read_text()), result)

@@ -20,13 +20,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import ROOT, load_average  # noqa: E402
 
-SCRIPTS = ["optimizer_memory", "optimizer_step_time", "plan_vs_measured", "sync_cost", "quality", "kl_control", "trl_grpo",
-           "architectures", "reasoning_tasks"]
+SCRIPTS = [
+    "optimizer_memory",
+    "optimizer_step_time",
+    "plan_vs_measured",
+    "sync_cost",
+    "quality",
+    "kl_control",
+    "trl_grpo",
+    "architectures",
+    "reasoning_tasks",
+]
 # name -> (script, arguments of the full run); a name missing from QUICK_SCRIPTS has no --quick mode of its own
-FULL_ARGS = {"optimizer_step_time": ("optimizer_memory", ["--sizes", "100m", "--rows", "adamw", "logra", "--repeat", "3",
-                                                          "--out", "benchmarks/results/optimizer_step_time.json"]),
-             # the RL benchmarks at 100 steps (the configs' max_steps is 200): 3 seeds each within the budget
-             **{name: (name, ["--steps", "100"]) for name in ("quality", "kl_control", "trl_grpo")}}  # fmt: skip
+FULL_ARGS = {
+    "optimizer_step_time": (
+        "optimizer_memory",
+        [
+            "--sizes",
+            "100m",
+            "--rows",
+            "adamw",
+            "logra",
+            "--repeat",
+            "3",
+            "--out",
+            "benchmarks/results/optimizer_step_time.json",
+        ],
+    ),
+    # the RL benchmarks at 100 steps (the configs' max_steps is 200): 3 seeds each within the budget
+    **{name: (name, ["--steps", "100"]) for name in ("quality", "kl_control", "trl_grpo")},
+}
 QUICK_SKIP = ("optimizer_step_time",)
 RL_SCRIPTS = ("quality", "kl_control", "trl_grpo")
 
@@ -35,8 +58,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="run each script's --quick mode")
     ap.add_argument("--only", nargs="*", default=None, help=f"subset of {SCRIPTS}")
-    ap.add_argument("--rl-args", nargs=argparse.REMAINDER, default=[],
-                    help="extra arguments for the RL benchmarks (quality, kl_control, trl_grpo), e.g. --lr 3e-5 --steps 300")
+    ap.add_argument(
+        "--rl-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="extra arguments for the RL benchmarks (quality, kl_control, trl_grpo), e.g. --lr 3e-5 --steps 300",
+    )
     args = ap.parse_args(argv)
     scripts = args.only or SCRIPTS
     unknown = set(scripts) - set(SCRIPTS)

@@ -11,13 +11,13 @@ Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, emb
 included, ``update_proj_gap`` small so that refreshes happen within the run) on random tokens;
 after each step the applied update goes to a real ``VLLMEngine`` (fp32, CPU build here) exactly
 as :class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it
-(:func:`~logra_lightning.sync_wire.wire_updates`): the engine keeps each matrix's basis, so a
+(:func:`~logra_lightning.sync.wire.wire_updates`): the engine keeps each matrix's basis, so a
 sync carries bases only when the engine lacks the current version (the first sync, the one
 after a refresh) and only coefficients otherwise. This runs three times from a full sync, once
 per wire format:
 
 * ``float32``; ``bfloat16`` with ``match_rounding`` (the trainer also applies the rounded
-  update, :func:`~logra_lightning.sync_wire.match_wire_rounding_`); ``bfloat16_unmatched``
+  update, :func:`~logra_lightning.sync.wire.match_wire_rounding_`); ``bfloat16_unmatched``
   (the engine gets the rounded update, the trainer keeps its own).
 
 Reported per sync: bytes handed to the engine (tensor payload; ``payload_bytes`` adds
@@ -49,16 +49,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result  # noqa: E402
-from benchmarks.report import MB, Report, command_head, clip, num, table  # noqa: E402
+from benchmarks.report import Report, clip, command_head, num, table  # noqa: E402
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
 GAPS = (50, 100, 200)  # refresh periods the per-step average is given for (configs use 50-100; LoGRA's default 200)
 FORMATS = {"float32": ("float32", False), "bfloat16": ("bfloat16", True), "bfloat16_unmatched": ("bfloat16", False)}
-RUN = {"full": dict(rank=64, steps={"25m": 16, "100m": 8, "400m": 6}, update_proj_gap=3, full_syncs=2, batch=2,
-                    seq=32, threads=2, lr=1e-3),
-       "quick": dict(rank=8, steps={"tiny": 4}, update_proj_gap=3, full_syncs=2, batch=4, seq=16, threads=1,
-                     lr=1e-3)}  # fmt: skip
+RUN = {
+    "full": dict(
+        rank=64,
+        steps={"25m": 16, "100m": 8, "400m": 6},
+        update_proj_gap=3,
+        full_syncs=2,
+        batch=2,
+        seq=32,
+        threads=2,
+        lr=1e-3,
+    ),
+    "quick": dict(rank=8, steps={"tiny": 4}, update_proj_gap=3, full_syncs=2, batch=4, seq=16, threads=1, lr=1e-3),
+}
 QUICK_SIZE = "tiny"  # build_tiny_model: the test model and char tokenizer
 
 
@@ -74,8 +83,14 @@ def build_model_dir(size: str, path: Path) -> str:
         return build_tiny_model(path)
     tok = build_char_tokenizer()
     fields = {k: v for k, v in shape_config(size).items() if k != "model_type"}
-    cfg = Qwen2Config(**fields, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype="float32")  # fmt: skip
+    cfg = Qwen2Config(
+        **fields,
+        max_position_embeddings=256,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="float32",
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
@@ -124,7 +139,7 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
     """From a full sync, ``steps`` LoGRA steps each synced in ``wire`` format; bytes, seconds and drift."""
     import torch
 
-    from logra_lightning.sync_wire import match_wire_rounding_, tensor_nbytes, wire_updates
+    from logra_lightning.sync.wire import match_wire_rounding_, tensor_nbytes, wire_updates
 
     dtype_name, match = FORMATS[wire]
     dtype = getattr(torch, dtype_name)
@@ -155,25 +170,42 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
         seconds = time.perf_counter() - t
         held = held_next
         basis_bytes = sum(u.basis_nbytes for u in sent)
-        syncs.append({"kind": "with_bases" if basis_bytes else "coefficients", "bases": sum(u.basis_nbytes > 0 for u in sent),
-                      "bytes": sum(u.nbytes for u in sent) + sum(tensor_nbytes(v) for _, v in dense),
-                      "basis_bytes": basis_bytes, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds,
-                      "match_seconds": match_seconds if match else None})  # fmt: skip
+        syncs.append(
+            {
+                "kind": "with_bases" if basis_bytes else "coefficients",
+                "bases": sum(u.basis_nbytes > 0 for u in sent),
+                "bytes": sum(u.nbytes for u in sent) + sum(tensor_nbytes(v) for _, v in dense),
+                "basis_bytes": basis_bytes,
+                "payload_bytes": engine.last_sync["bytes"],
+                "seconds": seconds,
+                "match_seconds": match_seconds if match else None,
+            }
+        )
         if k in checkpoints:
             mean, worst = drift(engine, policy, prompts)
             drifts.append({"syncs": k, "mean": mean, "max": worst})
     moved = gap(trainer_logprobs(policy, start), start.logprobs)
     by_kind = {kind: [r for r in syncs if r["kind"] == kind] for kind in ("with_bases", "coefficients")}
-    summary = {kind: {"syncs": len(rows), "bytes": rows[-1]["bytes"] if rows else None,
-                      "payload_bytes": rows[-1]["payload_bytes"] if rows else None,
-                      "seconds_median": _median(rows, "seconds")} for kind, rows in by_kind.items()}  # fmt: skip
+    summary = {
+        kind: {
+            "syncs": len(rows),
+            "bytes": rows[-1]["bytes"] if rows else None,
+            "payload_bytes": rows[-1]["payload_bytes"] if rows else None,
+            "seconds_median": _median(rows, "seconds"),
+        }
+        for kind, rows in by_kind.items()
+    }
     return {
-        "wire_dtype": dtype_name, "match_rounding": match, "steps": steps, **summary,
+        "wire_dtype": dtype_name,
+        "match_rounding": match,
+        "steps": steps,
+        **summary,
         "match_seconds_median": _median(syncs, "match_seconds") if match else None,
-        "drift": drifts, "drift_max": max(d["max"] for d in drifts),
+        "drift": drifts,
+        "drift_max": max(d["max"] for d in drifts),
         "policy_moved": {"mean": moved[0], "max": moved[1]},
         "each": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in syncs],
-    }  # fmt: skip
+    }
 
 
 def measure(size: str, run: dict) -> dict:
@@ -184,7 +216,7 @@ def measure(size: str, run: dict) -> dict:
     from logra_lightning.models import load_policy
     from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
-    from logra_lightning.sync_wire import tensor_nbytes
+    from logra_lightning.sync.wire import tensor_nbytes
 
     tmp = tempfile.TemporaryDirectory(prefix="sync_cost_")
     path = build_model_dir(size, Path(tmp.name) / "model")
@@ -192,8 +224,13 @@ def measure(size: str, run: dict) -> dict:
     t0 = time.perf_counter()
     engine = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
     start_seconds = time.perf_counter() - t0
-    opt = LoGRA(list(policy.named_parameters()), lr=run["lr"], weight_decay=0.01, rank=run["rank"],
-                update_proj_gap=run["update_proj_gap"])  # fmt: skip
+    opt = LoGRA(
+        list(policy.named_parameters()),
+        lr=run["lr"],
+        weight_decay=0.01,
+        rank=run["rank"],
+        update_proj_gap=run["update_proj_gap"],
+    )
     opt.record_updates = True
     g = torch.Generator().manual_seed(0)
     vocab = policy.config.vocab_size
@@ -203,8 +240,13 @@ def measure(size: str, run: dict) -> dict:
     for _ in range(run["full_syncs"]):
         t = time.perf_counter()
         engine.load_weights(policy.named_parameters())
-        full.append({"bytes": sum(map(tensor_nbytes, policy.parameters())),
-                     "payload_bytes": engine.last_sync["bytes"], "seconds": time.perf_counter() - t})  # fmt: skip
+        full.append(
+            {
+                "bytes": sum(map(tensor_nbytes, policy.parameters())),
+                "payload_bytes": engine.last_sync["bytes"],
+                "seconds": time.perf_counter() - t,
+            }
+        )
     gap_full = drift(engine, policy, prompts)
     formats = {wire: run_format(engine, policy, opt, wire, run["steps"][size], run, prompts, g) for wire in FORMATS}
     engine.close()
@@ -215,31 +257,52 @@ def measure(size: str, run: dict) -> dict:
     for wire, f in formats.items():
         if f["with_bases"]["bytes"] is None or f["coefficients"]["bytes"] is None:
             continue
-        per_step[wire] = {str(G): (f["with_bases"]["bytes"] + (G - 1) * f["coefficients"]["bytes"]) / G / full_bytes
-                          for G in GAPS}  # fmt: skip
+        per_step[wire] = {
+            str(G): (f["with_bases"]["bytes"] + (G - 1) * f["coefficients"]["bytes"]) / G / full_bytes for G in GAPS
+        }
     fp32_gap = fp32["drift"][-1]
     return {
-        "ok": True, "params": sum(p.numel() for p in policy.parameters()), "rank": run["rank"],
-        "engine": {"dtype": "float32", "sync_mode": engine.init_info["mode"],
-                   "reload_modules": engine.init_info["reload_modules"], "start_seconds": round(start_seconds, 1)},
-        "full_sync": {"bytes": full_bytes, "payload_bytes": full[-1]["payload_bytes"],
-                      "seconds_median": statistics.median(r["seconds"] for r in full),
-                      "seconds_each": [round(r["seconds"], 3) for r in full]},
-        "lowrank_sync": {**fp32["with_bases"], "seconds_each": [r["seconds"] for r in fp32["each"] if r["kind"] == "with_bases"]},
+        "ok": True,
+        "params": sum(p.numel() for p in policy.parameters()),
+        "rank": run["rank"],
+        "engine": {
+            "dtype": "float32",
+            "sync_mode": engine.init_info["mode"],
+            "reload_modules": engine.init_info["reload_modules"],
+            "start_seconds": round(start_seconds, 1),
+        },
+        "full_sync": {
+            "bytes": full_bytes,
+            "payload_bytes": full[-1]["payload_bytes"],
+            "seconds_median": statistics.median(r["seconds"] for r in full),
+            "seconds_each": [round(r["seconds"], 3) for r in full],
+        },
+        "lowrank_sync": {
+            **fp32["with_bases"],
+            "seconds_each": [r["seconds"] for r in fp32["each"] if r["kind"] == "with_bases"],
+        },
         "bytes_ratio": fp32["with_bases"]["bytes"] / full_bytes,
         "coefficient_sync": {"float32": fp32["coefficients"], "bfloat16": bf16["coefficients"]},
-        "coefficient_bytes_ratio": {w: formats[w]["coefficients"]["bytes"] / full_bytes for w in ("float32", "bfloat16")},
+        "coefficient_bytes_ratio": {
+            w: formats[w]["coefficients"]["bytes"] / full_bytes for w in ("float32", "bfloat16")
+        },
         "bytes_per_step_ratio": per_step,
         "wire_formats": formats,
-        "logprob_gap_after_lowrank_syncs": {"mean": fp32_gap["mean"], "max": fp32_gap["max"], "syncs": fp32_gap["syncs"]},
+        "logprob_gap_after_lowrank_syncs": {
+            "mean": fp32_gap["mean"],
+            "max": fp32_gap["max"],
+            "syncs": fp32_gap["syncs"],
+        },
         "logprob_gap_after_full_sync": {"mean": gap_full[0], "max": gap_full[1]},
-    }  # fmt: skip
+    }
 
 
 def _run_size(size: str, quick: bool, extra: list[str]) -> dict:
     """``measure(size)`` in a fresh process (one engine per process); a failure becomes an error row."""
     t0 = time.perf_counter()
-    row, err = run_worker(__file__, ["--worker", size] + (["--quick"] if quick else []) + extra, RESULTS / f".sync_worker_{size}.json")
+    row, err = run_worker(
+        __file__, ["--worker", size] + (["--quick"] if quick else []) + extra, RESULTS / f".sync_worker_{size}.json"
+    )
     return {**(row or {"ok": False, "error": err}), "wall_seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -249,13 +312,16 @@ def _run_size(size: str, quick: bool, extra: list[str]) -> dict:
 def section(res: dict) -> tuple[list[str], dict]:
     """Bytes and seconds per sync (full, with bases, coefficients fp32/bf16), bytes per step, drift per wire format."""
     run = res["run"]
-    out = [command_head(res) + " "
-           f"Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so that refreshes happen), "
-           f"LoGRA steps per wire format {json.dumps(run['steps'])}, versions {json.dumps(res['versions'])}; fp32 engine "
-           "(vLLM CPU build) keeping each matrix's basis, one engine per size in its own process. \"with bases\": a "
-           "sync after a basis refresh (both factors); \"coefficients\": the other syncs (the engine holds the basis). "
-           f"Bytes per step: one sync with bases and `G - 1` with coefficients per refresh period `G` "
-           f"({', '.join(map(str, res['gaps']))}).", ""]  # fmt: skip
+    out = [
+        command_head(res) + " "
+        f"Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so that refreshes happen), "
+        f"LoGRA steps per wire format {json.dumps(run['steps'])}, versions {json.dumps(res['versions'])}; fp32 engine "
+        '(vLLM CPU build) keeping each matrix\'s basis, one engine per size in its own process. "with bases": a '
+        'sync after a basis refresh (both factors); "coefficients": the other syncs (the engine holds the basis). '
+        f"Bytes per step: one sync with bases and `G - 1` with coefficients per refresh period `G` "
+        f"({', '.join(map(str, res['gaps']))}).",
+        "",
+    ]
     rows = []
     for size, r in res["sizes"].items():
         if not r["ok"]:
@@ -263,32 +329,62 @@ def section(res: dict) -> tuple[list[str], dict]:
             continue
         full, co = r["full_sync"], r["coefficient_sync"]
         per_step = r["bytes_per_step_ratio"]
-        rows.append([size, num(r["params"] / 1e6, ".1f"), f"{full['bytes'] / 1e6:.0f} MB, {full['seconds_median']:.2f} s",
-                     f"{r['lowrank_sync']['bytes'] / 1e6:.1f} MB ({r['bytes_ratio']:.3f}), {num(r['lowrank_sync']['seconds_median'], '.2f')} s",
-                     f"{co['float32']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['float32']:.3f}), "
-                     f"{num(co['float32']['seconds_median'], '.2f')} s",
-                     f"{co['bfloat16']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['bfloat16']:.3f}), "
-                     f"{num(co['bfloat16']['seconds_median'], '.2f')} s",
-                     " / ".join(f"{per_step['float32'][str(G)]:.3f}" for G in res["gaps"]),
-                     " / ".join(f"{per_step['bfloat16'][str(G)]:.3f}" for G in res["gaps"])])  # fmt: skip
+        rows.append(
+            [
+                size,
+                num(r["params"] / 1e6, ".1f"),
+                f"{full['bytes'] / 1e6:.0f} MB, {full['seconds_median']:.2f} s",
+                f"{r['lowrank_sync']['bytes'] / 1e6:.1f} MB ({r['bytes_ratio']:.3f}), {num(r['lowrank_sync']['seconds_median'], '.2f')} s",
+                f"{co['float32']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['float32']:.3f}), "
+                f"{num(co['float32']['seconds_median'], '.2f')} s",
+                f"{co['bfloat16']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['bfloat16']:.3f}), "
+                f"{num(co['bfloat16']['seconds_median'], '.2f')} s",
+                " / ".join(f"{per_step['float32'][str(G)]:.3f}" for G in res["gaps"]),
+                " / ".join(f"{per_step['bfloat16'][str(G)]:.3f}" for G in res["gaps"]),
+            ]
+        )
     gaps = "/".join(map(str, res["gaps"]))
-    out += table(["size", "params (M)", "full sync", "with bases fp32 (× full)", "coefficients fp32 (× full)",
-                   "coefficients bf16 (× full)", f"bytes per step fp32, G={gaps} (× full)",
-                   f"bytes per step bf16, G={gaps} (× full)"], rows) + [""]  # fmt: skip
-    out += ["Engine-vs-trainer drift, |logprob| of sampled tokens (mean / max), after N low-rank syncs from a full sync; "
-            "\"moved\": mean |logprob change| of the run's policy on the same tokens (how large the synced updates were). "
-            "`bfloat16`: the trainer applies the rounded update too (`match_rounding=True`, the default), "
-            "`bfloat16_unmatched`: it does not. Full sync: drift "
-            + ", ".join(f"{size} {r['logprob_gap_after_full_sync']['max']:.1e}" for size, r in res["sizes"].items() if r["ok"])
-            + " (max).", ""]  # fmt: skip
+    out += table(
+        [
+            "size",
+            "params (M)",
+            "full sync",
+            "with bases fp32 (× full)",
+            "coefficients fp32 (× full)",
+            "coefficients bf16 (× full)",
+            f"bytes per step fp32, G={gaps} (× full)",
+            f"bytes per step bf16, G={gaps} (× full)",
+        ],
+        rows,
+    ) + [""]
+    out += [
+        "Engine-vs-trainer drift, |logprob| of sampled tokens (mean / max), after N low-rank syncs from a full sync; "
+        '"moved": mean |logprob change| of the run\'s policy on the same tokens (how large the synced updates were). '
+        "`bfloat16`: the trainer applies the rounded update too (`match_rounding=True`, the default), "
+        "`bfloat16_unmatched`: it does not. Full sync: drift "
+        + ", ".join(
+            f"{size} {r['logprob_gap_after_full_sync']['max']:.1e}" for size, r in res["sizes"].items() if r["ok"]
+        )
+        + " (max).",
+        "",
+    ]
     rows = []
     for size, r in res["sizes"].items():
         if not r["ok"]:
             continue
         for wire, f in r["wire_formats"].items():
-            match = f" (+{f['match_seconds_median']:.3f} s trainer)" if f.get("match_seconds_median") is not None else ""
-            rows.append([size, wire, "; ".join(f"{d['syncs']}: {d['mean']:.1e} / {d['max']:.1e}" for d in f["drift"]),
-                         f"{f['policy_moved']['mean']:.3f}", f"{num(f['coefficients']['seconds_median'], '.2f')} s{match}"])  # fmt: skip
+            match = (
+                f" (+{f['match_seconds_median']:.3f} s trainer)" if f.get("match_seconds_median") is not None else ""
+            )
+            rows.append(
+                [
+                    size,
+                    wire,
+                    "; ".join(f"{d['syncs']}: {d['mean']:.1e} / {d['max']:.1e}" for d in f["drift"]),
+                    f"{f['policy_moved']['mean']:.3f}",
+                    f"{num(f['coefficients']['seconds_median'], '.2f')} s{match}",
+                ]
+            )
     out += table(["size", "wire", "drift after N syncs (N: mean / max)", "moved", "coefficient sync s"], rows) + [""]
     head = res["sizes"].get(res["headline_size"], {})
     return out, head if head.get("ok") else None
@@ -298,14 +394,26 @@ def plot(res: dict, plt):
     """Bytes and seconds per sync per size and kind; drift against the number of syncs per wire format."""
     rows = {size: r for size, r in res["sizes"].items() if r["ok"]}
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    kinds = [("full", lambda r: r["full_sync"]), ("with bases", lambda r: r["lowrank_sync"]),
-             ("coef fp32", lambda r: r["coefficient_sync"]["float32"]), ("coef bf16", lambda r: r["coefficient_sync"]["bfloat16"])]
+    kinds = [
+        ("full", lambda r: r["full_sync"]),
+        ("with bases", lambda r: r["lowrank_sync"]),
+        ("coef fp32", lambda r: r["coefficient_sync"]["float32"]),
+        ("coef bf16", lambda r: r["coefficient_sync"]["bfloat16"]),
+    ]
     x, width = range(len(rows)), 0.2
-    for ax, key, title in ((axes[0], "bytes", "MB sent per sync"), (axes[1], "seconds_median", "seconds per sync (median)")):
+    for ax, key, title in (
+        (axes[0], "bytes", "MB sent per sync"),
+        (axes[1], "seconds_median", "seconds per sync (median)"),
+    ):
         scale = 1e6 if key == "bytes" else 1.0
         for i, (label, get) in enumerate(kinds):
-            ax.bar([j + (i - 1.5) * width for j in x], [(get(r)[key] or 0) / scale for r in rows.values()], width,
-                   label=label, color=f"C{i}")  # fmt: skip
+            ax.bar(
+                [j + (i - 1.5) * width for j in x],
+                [(get(r)[key] or 0) / scale for r in rows.values()],
+                width,
+                label=label,
+                color=f"C{i}",
+            )
         ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
         ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
@@ -313,14 +421,22 @@ def plot(res: dict, plt):
     for i, (size, r) in enumerate(rows.items()):
         for wire, style in (("float32", "-"), ("bfloat16", "--"), ("bfloat16_unmatched", ":")):
             d = r["wire_formats"][wire]["drift"]
-            axes[2].plot([p["syncs"] for p in d], [max(p["max"], 1e-8) for p in d], style, marker="o", color=f"C{i}",
-                         label=f"{size} {wire}")  # fmt: skip
+            axes[2].plot(
+                [p["syncs"] for p in d],
+                [max(p["max"], 1e-8) for p in d],
+                style,
+                marker="o",
+                color=f"C{i}",
+                label=f"{size} {wire}",
+            )
     axes[2].set_xscale("log", base=2)
     axes[2].set_yscale("log")
     axes[2].set_xlabel("low-rank syncs since the last full sync", fontsize=8)
     axes[2].set_title("max |engine - trainer| logprob", fontsize=9)
     axes[2].legend(fontsize=6, ncol=1)
-    fig.suptitle("Weight sync to a vLLM engine (fp32, CPU): full weights, factors with bases, coefficients only", fontsize=10)
+    fig.suptitle(
+        "Weight sync to a vLLM engine (fp32, CPU): full weights, factors with bases, coefficients only", fontsize=10
+    )
     return fig
 
 
@@ -331,10 +447,12 @@ def headline(found: dict) -> list[str]:
         return []
     per_step = s["bytes_per_step_ratio"]["float32"]
     worst = max(per_step.values())
-    return [f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: a step's sync sends **{worst:.3f}×** "
-            f"the bytes of a full sync in fp32 ({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
-            f"in bf16), averaged over a refresh period ({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
-            f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."]  # fmt: skip
+    return [
+        f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: a step's sync sends **{worst:.3f}×** "
+        f"the bytes of a full sync in fp32 ({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
+        f"in bf16), averaged over a refresh period ({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
+        f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."
+    ]
 
 
 REPORTS = {"sync_cost": Report("Weight sync to vLLM", section, plot, headline)}
@@ -345,7 +463,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="the tiny test model, rank 8")
     parser.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
     parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sync_cost[_quick].json)")
-    parser.add_argument("--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)"
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -369,22 +489,35 @@ def main(argv=None) -> dict:
     for size in sizes:
         rows[size] = _run_size(size, args.quick, [] if args.steps is None else ["--steps", str(args.steps)])
         r = rows[size]
-        print(f"{size}: " + (f"with bases {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
-                             f"coefficients {r['coefficient_sync']['float32']['bytes'] / 1e6:.1f} MB "
-                             f"{r['coefficient_sync']['float32']['seconds_median']:.2f} s (bf16 "
-                             f"{r['coefficient_sync']['bfloat16']['bytes'] / 1e6:.1f} MB), "
-                             f"full {r['full_sync']['bytes'] / 1e6:.1f} MB {r['full_sync']['seconds_median']:.2f} s; drift max "
-                             + ", ".join(f"{w} {f['drift_max']:.1e}" for w, f in r["wire_formats"].items())
-                             if r["ok"] else f"FAILED {r['error'][-300:]}"), flush=True)  # fmt: skip
+        print(
+            f"{size}: "
+            + (
+                f"with bases {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
+                f"coefficients {r['coefficient_sync']['float32']['bytes'] / 1e6:.1f} MB "
+                f"{r['coefficient_sync']['float32']['seconds_median']:.2f} s (bf16 "
+                f"{r['coefficient_sync']['bfloat16']['bytes'] / 1e6:.1f} MB), "
+                f"full {r['full_sync']['bytes'] / 1e6:.1f} MB {r['full_sync']['seconds_median']:.2f} s; drift max "
+                + ", ".join(f"{w} {f['drift_max']:.1e}" for w, f in r["wire_formats"].items())
+                if r["ok"]
+                else f"FAILED {r['error'][-300:]}"
+            ),
+            flush=True,
+        )
     result = {
         "command": "python benchmarks/sync_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "wall_seconds": round(time.perf_counter() - started, 1), "load_start": load_start, "load_end": load_average(),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_start": load_start,
+        "load_end": load_average(),
         "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "python": platform.python_version()},
-        "torch_threads": run["threads"], "run": run, "gaps": list(GAPS),
-        "shapes": {s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in sizes},
+        "torch_threads": run["threads"],
+        "run": run,
+        "gaps": list(GAPS),
+        "shapes": {
+            s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in sizes
+        },
         "headline_size": HEADLINE if HEADLINE in rows else sizes[0],
         "sizes": rows,
-    }  # fmt: skip
+    }
     write_result(Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json", result)
     return result
 

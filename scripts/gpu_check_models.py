@@ -34,11 +34,22 @@ from typing import Any
 #: Architecture fields of Qwen/Qwen2.5-1.5B(-Instruct) config.json (1.54B params, tied embeddings);
 #: not among logra_lightning's shipped shapes.
 QWEN25_1P5B = {
-    "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
-    "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "tie_word_embeddings": True,
-    "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": None,
-    "max_window_layers": 21, "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-}  # fmt: skip
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 21,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+}
 
 #: The models the check runs: a shipped shape name or a dict of fields, and the decoder layers
 #: kept (``None``: all). The 7B shape keeps 4 of its 28 layers (every matrix at its real size).
@@ -48,9 +59,20 @@ MODELS: dict[str, dict[str, Any]] = {
     "qwen2.5-7b-4l": {"shape": "qwen2.5-7b", "layers": 4},
 }
 
-_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-           "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings",
-           "rms_norm_eps", "rope_theta", "hidden_act")  # fmt: skip
+_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "hidden_act",
+)
 HEAD_DIM = 64  # vLLM's CPU backend rejects small head dims (docs/design.md §7); real Qwen2.5 heads are 128 or 64
 
 
@@ -65,7 +87,7 @@ def real_shape(model: str) -> dict[str, Any]:
     spec = MODELS[model]
     shape = spec["shape"]
     if isinstance(shape, str):
-        text = resources.files("logra_lightning.model_shapes").joinpath(f"{shape}.json").read_text()
+        text = resources.files("logra_lightning.models.shapes").joinpath(f"{shape}.json").read_text()
         shape = json.loads(text)
     out = {k: shape[k] for k in _FIELDS if k in shape}
     if spec["layers"] is not None:
@@ -73,8 +95,13 @@ def real_shape(model: str) -> dict[str, Any]:
     return out
 
 
-def dry_shape(shape: dict[str, Any], hidden_size: int, num_layers: int = 2, vocab_size: int = 1024,
-              max_position_embeddings: int = 256) -> dict[str, Any]:  # fmt: skip
+def dry_shape(
+    shape: dict[str, Any],
+    hidden_size: int,
+    num_layers: int = 2,
+    vocab_size: int = 1024,
+    max_position_embeddings: int = 256,
+) -> dict[str, Any]:
     """The same architecture scaled down: ``hidden_size`` (a multiple of 64), heads of 64, the GQA
     ratio and the MLP ratio kept as far as whole heads allow, tied/untied head unchanged.
 
@@ -92,9 +119,16 @@ def dry_shape(shape: dict[str, Any], hidden_size: int, num_layers: int = 2, voca
     while heads % kv:
         kv -= 1
     mlp = round(shape["intermediate_size"] / shape["hidden_size"] * hidden_size / 32) * 32
-    return {**shape, "hidden_size": hidden_size, "num_attention_heads": heads, "num_key_value_heads": kv,
-            "intermediate_size": mlp, "num_hidden_layers": num_layers, "vocab_size": vocab_size,
-            "max_position_embeddings": max_position_embeddings}  # fmt: skip
+    return {
+        **shape,
+        "hidden_size": hidden_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": mlp,
+        "num_hidden_layers": num_layers,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings,
+    }
 
 
 def eos_probability(finish_fraction: float, max_new_tokens: int) -> float:
@@ -148,12 +182,21 @@ def padded_char_tokenizer(vocab_size: int):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=base.unk_token))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")  # as build_char_tokenizer
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=base.pad_token, eos_token=base.eos_token,
-                                   unk_token=base.unk_token)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=base.pad_token, eos_token=base.eos_token, unk_token=base.unk_token
+    )
 
 
-def build_model_dir(path: str | Path, shape: dict[str, Any], *, max_new_tokens: int, finish_fraction: float = 0.3,
-                    dtype: str = "float32", device: str = "cpu", seed: int = 0) -> dict[str, Any]:  # fmt: skip
+def build_model_dir(
+    path: str | Path,
+    shape: dict[str, Any],
+    *,
+    max_new_tokens: int,
+    finish_fraction: float = 0.3,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> dict[str, Any]:
     """Write a random-init HF model of ``shape`` to ``path`` (EOS made likely, see the module notes).
 
     Weights are initialised on ``device`` (fast on a GPU) and saved in ``dtype``. Returns what
@@ -168,8 +211,13 @@ def build_model_dir(path: str | Path, shape: dict[str, Any], *, max_new_tokens: 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = padded_char_tokenizer(shape["vocab_size"])
-    cfg = Qwen2Config(**shape, head_dim=shape["hidden_size"] // shape["num_attention_heads"],
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(
+        **shape,
+        head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -196,9 +244,16 @@ def build_model_dir(path: str | Path, shape: dict[str, Any], *, max_new_tokens: 
     model.generation_config.pad_token_id = tok.pad_token_id
     model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
-    info = {"params": sum(p.numel() for p in model.parameters()), "eos_feature": const, "eos_bias": bias,
-            "eos_probability": target, "max_new_tokens": max_new_tokens, "finish_fraction": finish_fraction,
-            "dtype": dtype, "seconds": time.perf_counter() - start}  # fmt: skip
+    info = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "eos_feature": const,
+        "eos_bias": bias,
+        "eos_probability": target,
+        "max_new_tokens": max_new_tokens,
+        "finish_fraction": finish_fraction,
+        "dtype": dtype,
+        "seconds": time.perf_counter() - start,
+    }
     (path / "gpu_check_model.json").write_text(json.dumps({"shape": shape, **info}, indent=2))
     del model
     return info

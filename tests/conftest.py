@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def tiny_policy_path() -> str:
     """The warmed-up ``builtin:arithmetic-tiny`` policy directory (the demo's base model)."""
-    from logra_lightning.warmup import resolve_model
+    from logra_lightning.builtin import resolve_model
 
     return resolve_model("builtin:arithmetic-tiny")
 
@@ -25,7 +25,7 @@ def tiny_policy_path() -> str:
 @pytest.fixture(scope="session")
 def raw_tiny_path() -> str:
     """A randomly initialised tiny Qwen2 directory (no warm-up)."""
-    from logra_lightning.warmup import resolve_model
+    from logra_lightning.builtin import resolve_model
 
     return resolve_model("builtin:arithmetic-tiny-raw")
 
@@ -34,8 +34,14 @@ def vllm_greedy_answers(model_dir, prompts: list[str], max_tokens: int = 5) -> l
     """Greedy answers of a plain ``vllm.LLM(model=DIR)`` (its own tokenizer, text prompts), as ``vllm serve DIR`` loads it."""
     import vllm
 
-    llm = vllm.LLM(model=str(model_dir), dtype="float32", enforce_eager=True, seed=0, max_model_len=64,
-                   kv_cache_memory_bytes=1 << 30)  # fmt: skip
+    llm = vllm.LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=64,
+        kv_cache_memory_bytes=1 << 30,
+    )
     try:
         outs = llm.generate(prompts, vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
         return [o.outputs[0].text.strip() for o in outs]

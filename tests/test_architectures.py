@@ -19,9 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from logra_lightning.architectures import ARCHITECTURES, tiny_hf_config, untested_warning  # noqa: E402
 from logra_lightning.errors import ConfigError  # noqa: E402
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy  # noqa: E402
+from logra_lightning.models.architectures import ARCHITECTURES, tiny_hf_config, untested_warning  # noqa: E402
 from logra_lightning.optim import LoGRA  # noqa: E402
 from logra_lightning.optim.groups import logra_param_groups  # noqa: E402
 from logra_lightning.rollout.base import LowRankUpdate  # noqa: E402
@@ -108,9 +108,19 @@ def test_unknown_families_are_named():
     assert "'GPT2LMHeadModel' has not been tested" in untested_warning("GPT2LMHeadModel")
     assert all(untested_warning(a.hf_class) is None for a in ARCHITECTURES.values())
     with pytest.raises(ConfigError, match="architecture='bert'"):
-        tiny_hf_config("bert", vocab_size=128, hidden_size=128, intermediate_size=256, num_layers=1, num_heads=2,
-                       num_kv_heads=2, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=1,
-                       pad_token_id=0)  # fmt: skip
+        tiny_hf_config(
+            "bert",
+            vocab_size=128,
+            hidden_size=128,
+            intermediate_size=256,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            eos_token_id=1,
+            pad_token_id=0,
+        )
 
 
 # ------------------------------------------------------------------ through vLLM

@@ -18,10 +18,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import kl_control, make_readme, optimizer_memory, plan_vs_measured, plots, quality, reasoning_tasks, trl_grpo  # noqa: E402
+from benchmarks import (  # noqa: E402
+    kl_control,
+    make_readme,
+    optimizer_memory,
+    plan_vs_measured,
+    plots,
+    quality,
+    reasoning_tasks,
+    trl_grpo,
+)
 
-MEMORY_ROW_FIELDS = {"train_peak_bytes", "steady_peak_bytes", "optimizer_state_bytes", "grad_bytes_after_backward",
-                     "step_time_s_median", "step_cpu_s_median", "rss_before_model_bytes", "load_before", "load_after"}  # fmt: skip
+MEMORY_ROW_FIELDS = {
+    "train_peak_bytes",
+    "steady_peak_bytes",
+    "optimizer_state_bytes",
+    "grad_bytes_after_backward",
+    "step_time_s_median",
+    "step_cpu_s_median",
+    "rss_before_model_bytes",
+    "load_before",
+    "load_after",
+}
 LOAD = {"1m", "5m", "15m"}
 
 
@@ -56,8 +74,12 @@ def test_optimizer_memory_quick_fields_plots_and_readme(tmp_path: Path) -> None:
             continue
         assert r["ok"], r.get("error")
         assert MEMORY_ROW_FIELDS <= set(r)
-        assert {"state_ratio_vs_adamw", "train_memory_reduction_vs_adamw", "step_time_ratio_vs_adamw",
-                "step_cpu_ratio_vs_adamw"} <= set(r)  # fmt: skip
+        assert {
+            "state_ratio_vs_adamw",
+            "train_memory_reduction_vs_adamw",
+            "step_time_ratio_vs_adamw",
+            "step_cpu_ratio_vs_adamw",
+        } <= set(r)
 
     written = plots.main(["--quick", "--results", str(tmp_path)])
     assert [p.name for p in written] == ["optimizer_memory_quick.png"] and written[0].stat().st_size > 1000
@@ -75,7 +97,10 @@ def test_kl_overhead_share_skips_warmup_and_pairs_steps() -> None:
     assert got["control_seconds_median"] == pytest.approx(0.1)
     assert got["overhead_share"] == pytest.approx(0.1 / 0.5)
     assert got["overhead_share_mean"] == pytest.approx(0.1 / 0.5)  # equal steps: mean = median
-    assert kl_control.overhead_summary({"perf/step_seconds": step}, warmup=0) == {"steps_used": 0, "warmup_steps_skipped": 0}
+    assert kl_control.overhead_summary({"perf/step_seconds": step}, warmup=0) == {
+        "steps_used": 0,
+        "warmup_steps_skipped": 0,
+    }
 
 
 def test_kl_control_settings_come_from_the_demo_config() -> None:
@@ -87,9 +112,13 @@ def test_kl_control_settings_come_from_the_demo_config() -> None:
 
 def test_kl_accuracy_summary_compares_seed_means() -> None:
     runs = [{"row": "default_lr", "seed": i, "ok": True, "accuracy_after": a} for i, a in enumerate((0.9, 1.0))]
-    runs += [{"row": "high_lr_kl_control", "seed": i, "ok": True, "accuracy_after": a} for i, a in enumerate((0.92, 0.96))]
-    runs += [{"row": "high_lr_kl_control", "seed": 2, "ok": False}, {"row": "demo_overhead", "seed": 0, "ok": True,
-                                                                     "accuracy_after": 0.1}]  # fmt: skip
+    runs += [
+        {"row": "high_lr_kl_control", "seed": i, "ok": True, "accuracy_after": a} for i, a in enumerate((0.92, 0.96))
+    ]
+    runs += [
+        {"row": "high_lr_kl_control", "seed": 2, "ok": False},
+        {"row": "demo_overhead", "seed": 0, "ok": True, "accuracy_after": 0.1},
+    ]
     got = kl_control.accuracy_summary(runs)
     assert got["default_lr"] == {"mean": pytest.approx(0.95), "min": 0.9, "max": 1.0, "n": 2}
     assert got["high_lr_kl_control"]["n"] == 2 and "demo_overhead" not in got
@@ -106,9 +135,17 @@ def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
     run, rows = pvm.RUN["quick"], []
     for size, ratio in (("1m", 1.2), ("5m", 1.3)):  # measured = ratio x the planner's live-bytes peak
         pred = pvm.predict(pvm.QUICK[size], run, "adamw", True)
-        rows.append({"size": size, "optimizer": "adamw", "activation_checkpointing": True, "shape": pvm.QUICK[size],
-                     "predicted": pred, "measured": {"default": {"train_peak_bytes": ratio * pred["peak_bytes"]}},
-                     "error": {"default": {}}})  # fmt: skip
+        rows.append(
+            {
+                "size": size,
+                "optimizer": "adamw",
+                "activation_checkpointing": True,
+                "shape": pvm.QUICK[size],
+                "predicted": pred,
+                "measured": {"default": {"train_peak_bytes": ratio * pred["peak_bytes"]}},
+                "error": {"default": {}},
+            }
+        )
     assert pvm.fit_allocator_slack(rows, "1m", run) == pytest.approx(0.2)
     assert rows[0]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
     assert rows[1]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
@@ -130,7 +167,9 @@ def test_plan_vs_measured_quick_fields_and_readme(tmp_path: Path) -> None:
 
 
 def test_quality_quick(tmp_path: Path) -> None:
-    res = quality.main(["--quick", "--jobs", "2", "--out", str(tmp_path / "q.json"), "--work-dir", str(tmp_path / "runs")])
+    res = quality.main(
+        ["--quick", "--jobs", "2", "--out", str(tmp_path / "q.json"), "--work-dir", str(tmp_path / "runs")]
+    )
     _check_header(res)
     assert res["settings"]["seeds"] == [0] and res["settings"]["steps"] == quality.QUICK["steps"]
     assert res["settings"]["jobs"] == 2
@@ -150,13 +189,23 @@ def test_quality_quick(tmp_path: Path) -> None:
 def test_kl_control_quick(tmp_path: Path) -> None:
     res = kl_control.main(["--quick", "--out", str(tmp_path / "kl.json"), "--work-dir", str(tmp_path / "runs")])
     _check_header(res)
-    assert {"default_lr", "high_lr", "target_kl", "min_scale", "sample_tokens", "measure_every", "overhead_steps"} <= set(res["settings"])
+    assert {
+        "default_lr",
+        "high_lr",
+        "target_kl",
+        "min_scale",
+        "sample_tokens",
+        "measure_every",
+        "overhead_steps",
+    } <= set(res["settings"])
     assert "overhead_share_max" in res["targets"]
     _check_rows_recorded(res["runs"], "row", ["default_lr", "high_lr", "high_lr_kl_control", "demo_overhead"])
     for run in res["runs"][:3]:
         assert run["ok"], run.get("error")
         assert {"kl/realized", "kl/predicted", "kl/step_scale", "val/accuracy"} <= set(run["curves"])
-        assert {"measured_steps", "realized_within_1.5T_share", "median_abs_log_realized_over_raw_predicted"} <= set(run["kl"])
+        assert {"measured_steps", "realized_within_1.5T_share", "median_abs_log_realized_over_raw_predicted"} <= set(
+            run["kl"]
+        )
     demo = res["runs"][3]
     if importlib.util.find_spec("vllm") is None:  # the demo config runs a vLLM engine
         return
@@ -185,7 +234,9 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     _check_header_loads(res)
     row = res["sizes"][res["headline_size"]]
     assert row["ok"], row.get("error")
-    assert {"bytes", "seconds_median"} <= set(row["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(row["full_sync"])
+    assert {"bytes", "seconds_median"} <= set(row["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(
+        row["full_sync"]
+    )
     assert isinstance(row["bytes_ratio"], float) and {"mean", "max"} <= set(row["logprob_gap_after_lowrank_syncs"])
     coef = row["coefficient_bytes_ratio"]  # the engine keeps the bases: most syncs carry coefficients only
     assert coef["bfloat16"] < coef["float32"] < row["bytes_ratio"]
@@ -206,13 +257,15 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
 
 
 def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: Path) -> None:
-    res = reasoning_tasks.main(["--quick", "--out", str(tmp_path / "reasoning_tasks_quick.json"),
-                                "--work-dir", str(tmp_path / "runs")])  # fmt: skip
+    res = reasoning_tasks.main(
+        ["--quick", "--out", str(tmp_path / "reasoning_tasks_quick.json"), "--work-dir", str(tmp_path / "runs")]
+    )
     _check_header(res)
     rows = [r for r in reasoning_tasks.ROWS if r not in res["settings"]["pending"]]
     assert {"adamw", "logra"} <= set(rows) and set(res["settings"]["pending"]) <= {"lora"}
-    assert [(r["row"], r["lr"]) for r in res["sweep_runs"]] == [(row, lr) for row in rows
-                                                                for lr in reasoning_tasks.SWEEP_LRS[row][:1]]  # fmt: skip
+    assert [(r["row"], r["lr"]) for r in res["sweep_runs"]] == [
+        (row, lr) for row in rows for lr in reasoning_tasks.SWEEP_LRS[row][:1]
+    ]
     assert all(res["sweep"][row]["lr"] in reasoning_tasks.SWEEP_LRS[row] for row in rows)
     assert [(r["task"], r["row"]) for r in res["runs"]] == [(t, row) for t in reasoning_tasks.TASKS for row in rows]
     for run in res["runs"]:
@@ -221,8 +274,12 @@ def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: 
         assert mem["peak_rss_bytes"] > mem["rss_before_model_bytes"] > 0 and mem["train_memory_bytes"] > 0
         assert mem["state_bytes"] >= mem["param_bytes"] > 0 and 0.0 <= run["accuracy_after"] <= 1.0
     logra = res["summary"]["average"]["logra"]
-    assert {"train_memory_bytes_reduction_vs_adamw", "peak_rss_bytes_reduction_vs_adamw",
-            "state_bytes_reduction_vs_adamw", "accuracy_after_vs_adamw_points"} <= set(logra)  # fmt: skip
+    assert {
+        "train_memory_bytes_reduction_vs_adamw",
+        "peak_rss_bytes_reduction_vs_adamw",
+        "state_bytes_reduction_vs_adamw",
+        "accuracy_after_vs_adamw_points",
+    } <= set(logra)
     adamw_state = res["summary"]["per_task"]["sorting"]["adamw"]["optimizer_state_bytes"]["mean"]
     assert res["summary"]["per_task"]["sorting"]["logra"]["optimizer_state_bytes"]["mean"] < adamw_state
     written = plots.main(["--quick", "--results", str(tmp_path)])
@@ -232,20 +289,41 @@ def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: 
 
 
 def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() -> None:
-    sweep = [{"row": "adamw", "lr": lr, "ok": True, "late_reward": r} for lr, r in ((1e-4, 0.2), (3e-4, 0.5), (1e-3, 0.4))]
+    sweep = [
+        {"row": "adamw", "lr": lr, "ok": True, "late_reward": r} for lr, r in ((1e-4, 0.2), (3e-4, 0.5), (1e-3, 0.4))
+    ]
     sweep.append({"row": "logra", "lr": 1e-3, "ok": False, "late_reward": None})
     picked = reasoning_tasks.pick_lrs(sweep)
     assert picked["adamw"]["lr"] == 3e-4 and picked["logra"]["lr"] is None
 
     def run(task, row, seed, train, acc):
-        return {"task": task, "row": row, "seed": seed, "ok": True, "accuracy_before": 0.5, "accuracy_after": acc,
-                "step_seconds_median": 1.0, "memory": {"peak_rss_bytes": 2 * train, "train_memory_bytes": train,
-                                                       "state_bytes": train, "optimizer_state_bytes": 1,
-                                                       "grad_bytes": 0}}  # fmt: skip
+        return {
+            "task": task,
+            "row": row,
+            "seed": seed,
+            "ok": True,
+            "accuracy_before": 0.5,
+            "accuracy_after": acc,
+            "step_seconds_median": 1.0,
+            "memory": {
+                "peak_rss_bytes": 2 * train,
+                "train_memory_bytes": train,
+                "state_bytes": train,
+                "optimizer_state_bytes": 1,
+                "grad_bytes": 0,
+            },
+        }
 
-    runs = [run("a", "adamw", 0, 100, 0.8), run("a", "logra", 0, 60, 0.9), run("a", "adamw", 1, 200, 0.6),
-            run("a", "logra", 1, 100, 0.6), run("b", "adamw", 0, 100, 0.5), run("b", "logra", 0, 80, 0.5),
-            run("b", "adamw", 1, 100, 0.5), run("b", "logra", 1, 80, 0.7)]  # fmt: skip
+    runs = [
+        run("a", "adamw", 0, 100, 0.8),
+        run("a", "logra", 0, 60, 0.9),
+        run("a", "adamw", 1, 200, 0.6),
+        run("a", "logra", 1, 100, 0.6),
+        run("b", "adamw", 0, 100, 0.5),
+        run("b", "logra", 0, 80, 0.5),
+        run("b", "adamw", 1, 100, 0.5),
+        run("b", "logra", 1, 80, 0.7),
+    ]
     got = reasoning_tasks.summarize(runs, ["adamw", "logra"])
     red = got["per_task"]["a"]["logra"]["train_memory_bytes_reduction_vs_adamw"]
     assert red["mean"] == pytest.approx(0.45) and red["min"] == pytest.approx(0.4)  # seeds: 1-60/100, 1-100/200

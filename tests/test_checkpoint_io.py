@@ -10,9 +10,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-import logra_lightning.checkpoint_io as cio
-from logra_lightning.checkpoint_io import AtomicCheckpointIO
+import logra_lightning.io.checkpoint as cio
 from logra_lightning.errors import CheckpointError
+from logra_lightning.io.checkpoint import AtomicCheckpointIO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,9 @@ def test_failed_write_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch)
     io = AtomicCheckpointIO()
     io.save_checkpoint({"step": 1, "w": torch.arange(1000.0)}, path)
     monkeypatch.setattr(cio.torch, "save", _disk_full_after(100))
-    with pytest.raises(CheckpointError, match=r"last\.ckpt failed \(OSError: .*No space left.*checkpoint there is intact"):
+    with pytest.raises(
+        CheckpointError, match=r"last\.ckpt failed \(OSError: .*No space left.*checkpoint there is intact"
+    ):
         io.save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
     monkeypatch.undo()
     loaded = io.load_checkpoint(path)
@@ -53,7 +55,7 @@ def test_plain_torch_io_would_have_lost_it(tmp_path, monkeypatch):
     with pytest.raises(OSError), open(path, "wb") as fh:
         torch.save({"step": 2}, fh)
     monkeypatch.undo()
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - torch.load raises several types for a truncated file
         torch.load(path, weights_only=True)
 
 
@@ -64,8 +66,14 @@ def test_trainer_keeps_last_checkpoint_when_a_save_fails(tmp_path, monkeypatch):
                 monkeypatch.setattr(cio.torch, "save", _disk_full_after(64))
 
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_last=True, save_top_k=0)
-    trainer = L.Trainer(max_steps=3, callbacks=[ckpt, FailSecondSave()], plugins=[AtomicCheckpointIO()], logger=False,
-                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=3,
+        callbacks=[ckpt, FailSecondSave()],
+        plugins=[AtomicCheckpointIO()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with pytest.raises(CheckpointError, match="last.ckpt"):
         trainer.fit(BoringModel())
     monkeypatch.undo()
@@ -77,7 +85,7 @@ def test_trainer_keeps_last_checkpoint_when_a_save_fails(tmp_path, monkeypatch):
 
 
 def test_cli_writes_checkpoints_atomically_by_default():
-    from logra_lightning.cli import LograCLI
+    from logra_lightning.cli.lightning_cli import LograCLI
 
     cli = LograCLI(args=["--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml")], run=False)
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)

@@ -14,16 +14,37 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 # Configs that need more than this CPU machine gives a unit test get a stand-in: the tiny built-in
 # model, CPU, one process, and the HF engine (the vLLM engine is tested in tests/test_vllm_engine.py).
-STAND_IN = ["--model.model", "builtin:arithmetic-tiny", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
-            "--trainer.precision", "32-true", "--trainer.strategy", "auto", "--model.max_new_tokens", "8",
-            "--model.torch_threads", "1"]  # fmt: skip
+STAND_IN = [
+    "--model.model",
+    "builtin:arithmetic-tiny",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.devices",
+    "1",
+    "--trainer.precision",
+    "32-true",
+    "--trainer.strategy",
+    "auto",
+    "--model.max_new_tokens",
+    "8",
+    "--model.torch_threads",
+    "1",
+]
 DATA = ROOT / "tests" / "data"
 NEEDS_STAND_IN = {
-    "qwen2.5-0.5b_gsm8k.yaml": ["--data.train.init_args.path", str(DATA / "gsm8k_tiny.jsonl"),
-                                "--data.val.init_args.path", str(DATA / "gsm8k_tiny.jsonl")],
-    "qwen2.5-7b_math_fsdp8.yaml": ["--data.train.init_args.path", str(DATA / "math_tiny.jsonl"),
-                                   "--data.val.init_args.path", str(DATA / "math_tiny.jsonl")],
-}  # fmt: skip
+    "qwen2.5-0.5b_gsm8k.yaml": [
+        "--data.train.init_args.path",
+        str(DATA / "gsm8k_tiny.jsonl"),
+        "--data.val.init_args.path",
+        str(DATA / "gsm8k_tiny.jsonl"),
+    ],
+    "qwen2.5-7b_math_fsdp8.yaml": [
+        "--data.train.init_args.path",
+        str(DATA / "math_tiny.jsonl"),
+        "--data.val.init_args.path",
+        str(DATA / "math_tiny.jsonl"),
+    ],
+}
 SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run as a subprocess by tests/test_fsdp_lightning.py
 # The reasoning configs run on a tiny policy with their own BPE tokenizer in tests/test_reasoning_tasks.py.
 OWN_TEST = {c for c in CONFIGS if c.startswith("reasoning_")}
@@ -35,8 +56,8 @@ OTHER_FAMILY = {"arithmetic_tiny_llama.yaml": "llama", "arithmetic_tiny_gemma3.y
 def family_stand_in(config: str, tmp_path: Path) -> list[str]:
     from dataclasses import replace
 
+    from logra_lightning.builtin.registry import BUILTIN_MODELS
     from logra_lightning.models import build_tiny_model
-    from logra_lightning.warmup import BUILTIN_MODELS
 
     builtin = BUILTIN_MODELS[f"arithmetic-tiny-{OTHER_FAMILY[config]}"].model
     path = build_tiny_model(tmp_path / "model", replace(builtin, num_layers=1))
@@ -45,10 +66,19 @@ def family_stand_in(config: str, tmp_path: Path) -> list[str]:
 
 def tiny_budget(tmp_path: Path) -> list[str]:
     return [
-        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--data.batch_size", "4", "--model.group_size", "4",
-    ]  # fmt: skip
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--data.batch_size",
+        "4",
+        "--model.group_size",
+        "4",
+    ]
 
 
 def engine_override(config: str) -> list[str]:
@@ -77,9 +107,19 @@ def test_default_config_logs_required_metrics(tmp_path, tiny_policy_path):
     acc = EventAccumulator(cli.trainer.log_dir)
     acc.Reload()
     keys = set(acc.Tags()["scalars"])
-    required = {"reward/mean", "reward/std", "reward/accuracy", "val/accuracy", "loss/policy", "policy/entropy",
-                "policy/clip_frac", "policy/approx_kl", "completion/length_mean", "perf/step_seconds",
-                "perf/tokens_per_second"}  # fmt: skip
+    required = {
+        "reward/mean",
+        "reward/std",
+        "reward/accuracy",
+        "val/accuracy",
+        "loss/policy",
+        "policy/entropy",
+        "policy/clip_frac",
+        "policy/approx_kl",
+        "completion/length_mean",
+        "perf/step_seconds",
+        "perf/tokens_per_second",
+    }
     assert required <= keys, required - keys
 
 
@@ -103,12 +143,15 @@ def test_unknown_key_is_rejected(tmp_path, capsys):
         (["--data.batch_size", "0"], ConfigError, "data.batch_size=0"),
         (["--model.group_size", "0"], ConfigError, "model.group_size=0"),
         (["--model.group_size", "1"], ConfigError, "scale_by_std"),
-        (["--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", "/nonexistent/d.jsonl"],
-         DataError, "/nonexistent/d.jsonl: data file not found"),
+        (
+            ["--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", "/nonexistent/d.jsonl"],
+            DataError,
+            "/nonexistent/d.jsonl: data file not found",
+        ),
     ],
 )
 def test_bad_input_fails_before_any_model_is_built(override, error, match, monkeypatch):
-    import logra_lightning.module as module
+    import logra_lightning.rl.module as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was built before the input was validated")
@@ -124,9 +167,21 @@ def test_cli_error_message_without_traceback(capsys):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "logra_lightning", "fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"),
-         "--data.batch_size", "-3"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "logra_lightning",
+            "fit",
+            "--config",
+            str(ROOT / "configs/arithmetic_tiny_adamw.yaml"),
+            "--data.batch_size",
+            "-3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "logra: error: data.batch_size=-3: must be an integer >= 1" in proc.stderr
     assert "Traceback" not in proc.stderr

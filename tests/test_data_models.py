@@ -24,8 +24,13 @@ def test_arithmetic_splits_are_disjoint_and_deterministic():
 
 
 @pytest.mark.parametrize(
-    "kwargs, key", [({"split": "dev"}, "split"), ({"max_digits": 4}, "max_digits"), ({"ops": "/"}, "ops"),
-                    ({"test_size": 0}, "test_size")],
+    "kwargs, key",
+    [
+        ({"split": "dev"}, "split"),
+        ({"max_digits": 4}, "max_digits"),
+        ({"ops": "/"}, "ops"),
+        ({"test_size": 0}, "test_size"),
+    ],
 )
 def test_arithmetic_bad_args(kwargs, key):
     with pytest.raises(ConfigError, match=key):
@@ -34,7 +39,9 @@ def test_arithmetic_bad_args(kwargs, key):
 
 def test_jsonl_loads_and_reports_bad_line(tmp_path):
     good = tmp_path / "good.jsonl"
-    good.write_text(json.dumps({"prompt": "1+1=", "answer": 2}) + "\n\n" + json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
+    good.write_text(
+        json.dumps({"prompt": "1+1=", "answer": 2}) + "\n\n" + json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n"
+    )
     assert JSONLSource(str(good)).load() == [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n{not json\n")

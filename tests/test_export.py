@@ -16,25 +16,30 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
+from logra_lightning.builtin.sft import greedy_completions
 from logra_lightning.cli import main
 from logra_lightning.errors import ConfigError
-from logra_lightning.export import MARKER, export_checkpoint, read_checkpoint
-from logra_lightning.warmup import greedy_completions
-
-from conftest import vllm_greedy_answers  # tests/conftest.py
+from logra_lightning.io.export import MARKER, export_checkpoint, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_adamw.yaml")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", MARKER}
+FILES = {
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    MARKER,
+}
 PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(3, 40, 7) for b in range(1, 60, 9)]  # 42
 
 
@@ -42,20 +47,46 @@ PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(3, 40, 7
 def run(tmp_path_factory) -> types.SimpleNamespace:
     """``logra fit --export`` for 2 steps; the trainer's policy, its greedy answers and a .ckpt of it."""
     tmp = tmp_path_factory.mktemp("export_run")
-    cli = main(["fit", "--config", CONFIG, "--model.model", "builtin:arithmetic-tiny-raw",
-                "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-                "--trainer.logger.init_args.save_dir", str(tmp), "--data.batch_size", "4", "--model.group_size", "4",
-                "--data.val.init_args.test_size", "16", "--export", str(tmp / "export")])  # fmt: skip
+    cli = main(
+        [
+            "fit",
+            "--config",
+            CONFIG,
+            "--model.model",
+            "builtin:arithmetic-tiny-raw",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp),
+            "--data.batch_size",
+            "4",
+            "--model.group_size",
+            "4",
+            "--data.val.init_args.test_size",
+            "16",
+            "--export",
+            str(tmp / "export"),
+        ]
+    )
     ckpt = tmp / "final.ckpt"
     cli.trainer.save_checkpoint(ckpt)
     bar = cli.trainer.progress_bar_callback.train_progress_bar
     policy, tok = cli.model.policy.eval(), cli.model.tokenizer
     return types.SimpleNamespace(
-        tmp=tmp, export=tmp / "export", ckpt=ckpt, policy=policy, tok=tok, bar=bar,
+        tmp=tmp,
+        export=tmp / "export",
+        ckpt=ckpt,
+        policy=policy,
+        tok=tok,
+        bar=bar,
         bar_class=type(cli.trainer.progress_bar_callback).__name__,
         weights={k: v.detach().clone() for k, v in policy.state_dict().items()},
         answers=greedy_completions(policy, tok, PROMPTS, max_new_tokens=5),
-    )  # fmt: skip
+    )
 
 
 def test_fit_export_holds_the_trainers_weights(run):
@@ -88,7 +119,9 @@ def test_logra_export_from_the_ckpt_matches_the_fit_export(run, tmp_path):
     assert main(["export", "--ckpt_path", str(run.ckpt), "--out", str(tmp_path / "out")]) == 0
     a, b = load_file(run.export / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads((run.export / "config.json").read_text())
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads(
+        (run.export / "config.json").read_text()
+    )
     # an earlier export is replaced; bf16 on request
     export_checkpoint(run.ckpt, tmp_path / "out", dtype="bfloat16")
     assert load_file(tmp_path / "out" / "model.safetensors")["lm_head.weight"].dtype == torch.bfloat16
@@ -96,10 +129,29 @@ def test_logra_export_from_the_ckpt_matches_the_fit_export(run, tmp_path):
 
 def test_the_checkpoint_still_resumes(run, tmp_path):
     """The start-up checks of --ckpt_path let a whole checkpoint through to Lightning."""
-    cli = main(["fit", "--config", CONFIG, "--ckpt_path", str(run.ckpt), "--trainer.max_steps", "3",
-                "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1", "--data.batch_size", "4",
-                "--model.group_size", "4", "--data.val.init_args.test_size", "16",
-                "--trainer.logger.init_args.save_dir", str(tmp_path)])  # fmt: skip
+    cli = main(
+        [
+            "fit",
+            "--config",
+            CONFIG,
+            "--ckpt_path",
+            str(run.ckpt),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.val_check_interval",
+            "3",
+            "--trainer.limit_val_batches",
+            "1",
+            "--data.batch_size",
+            "4",
+            "--model.group_size",
+            "4",
+            "--data.val.init_args.test_size",
+            "16",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
     assert cli.trainer.global_step == 3 and cli.model.hparams.model == "builtin:arithmetic-tiny-raw"  # from the ckpt
 
 
@@ -109,8 +161,10 @@ def test_logra_export_from_a_distributed_checkpoint(run, tmp_path):
 
     ckpt = torch.load(run.ckpt, map_location="cpu", weights_only=True)
     dist_dir = tmp_path / "last.ckpt"
-    dcp.save({"state_dict": ckpt.pop("state_dict"), "optimizer_0": ckpt.pop("optimizer_states")[0]},
-             checkpoint_id=str(dist_dir))  # fmt: skip
+    dcp.save(
+        {"state_dict": ckpt.pop("state_dict"), "optimizer_0": ckpt.pop("optimizer_states")[0]},
+        checkpoint_id=str(dist_dir),
+    )
     torch.save(ckpt, dist_dir / "meta.pt")
     weights, hparams = read_checkpoint(dist_dir)
     assert hparams["model"] == "builtin:arithmetic-tiny-raw" and hparams["global_step"] == 2
@@ -137,9 +191,15 @@ def test_export_refuses_a_target_that_holds_other_things(run, tmp_path, make, ma
 @pytest.mark.parametrize(
     "args, match",
     [
-        (["--ckpt_path", "/nonexistent/last.ckpt", "--out", "OUT"], r"--ckpt_path /nonexistent/last.ckpt: no such file"),
+        (
+            ["--ckpt_path", "/nonexistent/last.ckpt", "--out", "OUT"],
+            r"--ckpt_path /nonexistent/last.ckpt: no such file",
+        ),
         (["--out", "OUT"], r"logra export: the following arguments are required: --ckpt_path"),
-        (["--ckpt_path", "CKPT", "--out", "OUT", "--base_model", "/nonexistent/base"], r"base model='/nonexistent/base': no such"),
+        (
+            ["--ckpt_path", "CKPT", "--out", "OUT", "--base_model", "/nonexistent/base"],
+            r"base model='/nonexistent/base': no such",
+        ),
         (["--ckpt_path", "CKPT", "--out", "OUT", "--dtype", "int8"], r"argument --dtype: invalid choice"),
     ],
 )
@@ -151,7 +211,7 @@ def test_export_errors_name_the_argument(run, tmp_path, args, match):
 
 
 def test_export_dir_is_checked_before_training(tmp_path, monkeypatch):
-    import logra_lightning.module as module
+    import logra_lightning.rl.module as module
 
     monkeypatch.setattr(module, "resolve_model", lambda *a: pytest.fail("a model was built"))
     (tmp_path / "file").write_text("x")
@@ -173,13 +233,28 @@ def test_export_of_a_real_fsdp2_run(tmp_path):
     the gathered policy; ``logra export`` of the checkpoint gives the same weights."""
     from tests.test_fsdp_lightning import logra_command, run_lightning, tiny_budget
 
-    run_lightning([*logra_command(), "fit", "--config", str(ROOT / "configs" / "arithmetic_fsdp.yaml"),
-                   *tiny_budget(tmp_path, 2), "--export", str(tmp_path / "fit_export")])  # fmt: skip
+    run_lightning(
+        [
+            *logra_command(),
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "arithmetic_fsdp.yaml"),
+            *tiny_budget(tmp_path, 2),
+            "--export",
+            str(tmp_path / "fit_export"),
+        ]
+    )
     (ckpt,) = tmp_path.glob("arithmetic_fsdp/version_*/checkpoints/last.ckpt")
     assert ckpt.is_dir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([*logra_command(), "export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [*logra_command(), "export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     from transformers import AutoModelForCausalLM
 

@@ -1,7 +1,7 @@
 """Injected faults cost a step, not the run: NaN/inf values, unusable batches, a failing engine, bad rewards.
 
 Each test injects one fault into a short fit of the tiny policy and checks the behaviour
-documented in :mod:`logra_lightning.health`: what is skipped, what is counted, what state
+documented in :mod:`logra_lightning.rl.faults`: what is skipped, what is counted, what state
 is left untouched, and what the error says when training has to stop.
 """
 
@@ -16,13 +16,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-import logra_lightning.module as module_mod
-from logra_lightning.checkpoint_io import AtomicCheckpointIO
 from logra_lightning.data import ArithmeticSource, PromptDataModule
 from logra_lightning.errors import TrainingError
-from logra_lightning.health import degenerate_rollout, grads_finite
-from logra_lightning.module import PolicyGradientModule
+from logra_lightning.io.checkpoint import AtomicCheckpointIO
 from logra_lightning.optim import LoGRA
+from logra_lightning.rl.faults import degenerate_rollout, grads_finite
+from logra_lightning.rl.module import PolicyGradientModule
 from logra_lightning.rollout import Rollout
 
 OPTIMIZERS = {
@@ -65,36 +64,51 @@ def assert_untouched(snap: Snapshots, batch: int) -> None:
 
 
 def fit(tmp_path, optimizer="adamw", max_steps=2, callbacks=(), ckpt_path=None, **kwargs) -> L.Trainer:
-    module = PolicyGradientModule("builtin:arithmetic-tiny", optimizer=OPTIMIZERS[optimizer], group_size=4,
-                                  max_new_tokens=5, **kwargs)  # fmt: skip
+    module = PolicyGradientModule(
+        "builtin:arithmetic-tiny", optimizer=OPTIMIZERS[optimizer], group_size=4, max_new_tokens=5, **kwargs
+    )
     dm = PromptDataModule(ArithmeticSource("train"), None, batch_size=4)
     trainer = L.Trainer(
-        max_steps=max_steps, default_root_dir=tmp_path, logger=False, callbacks=list(callbacks),
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks), plugins=[AtomicCheckpointIO()],
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+        max_steps=max_steps,
+        default_root_dir=tmp_path,
+        logger=False,
+        callbacks=list(callbacks),
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        plugins=[AtomicCheckpointIO()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, dm, ckpt_path=ckpt_path)
     return trainer
 
 
 # ---------------------------------------------------------------- non-finite
+class NaNLogits(L.Callback):
+    """Makes the policy's logits NaN in the loss's forward pass (the one with grad) of the batches ``when`` picks.
+
+    Rollouts and ``pi_old`` run without grad and stay finite, so only the loss is NaN.
+    """
+
+    def __init__(self, snap: Snapshots, when) -> None:
+        self.snap, self.when = snap, when
+
+    def on_train_start(self, trainer, pl_module):
+        def poison(module, args, out):
+            return out * math.nan if torch.is_grad_enabled() and self.when(self.snap.batch) else None
+
+        pl_module.policy.lm_head.register_forward_hook(poison)
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "logra"])
-def test_nan_loss_skips_the_step_without_touching_any_state(tmp_path, tiny_policy_path, monkeypatch, optimizer):
+def test_nan_loss_skips_the_step_without_touching_any_state(tmp_path, tiny_policy_path, optimizer):
     snap = Snapshots()
-    real = module_mod.clipped_policy_loss
-
-    def nan_on_batch_1(*args, **kwargs):
-        loss, stats = real(*args, **kwargs)
-        return (loss * math.nan if snap.batch == 1 else loss), stats
-
-    monkeypatch.setattr(module_mod, "clipped_policy_loss", nan_on_batch_1)
     with pytest.warns(UserWarning, match=r"non-finite loss at global step 1: optimizer step skipped"):
-        trainer = fit(tmp_path, optimizer, max_steps=2, callbacks=[snap])
+        trainer = fit(tmp_path, optimizer, max_steps=2, callbacks=[snap, NaNLogits(snap, lambda batch: batch == 1)])
     assert sorted(snap.before) == [0, 1, 2]  # batch 1 was skipped, batch 2 took the second step
     assert_untouched(snap, 1)
     assert trainer.global_step == 2
     assert trainer.logged_metrics["health/skipped_steps"] == 1.0
-    assert trainer.lightning_module._consecutive_skips == 0  # reset by the good step after it
+    assert trainer.lightning_module.faults.consecutive_skips == 0  # reset by the good step after it
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "logra"])
@@ -133,17 +147,11 @@ def test_a_skip_on_another_rank_skips_the_step_here(tmp_path, tiny_policy_path):
     assert trainer.logged_metrics["health/skipped_steps"] == 1.0
 
 
-def test_too_many_consecutive_skips_stop_with_a_resumable_checkpoint(tmp_path, tiny_policy_path, monkeypatch):
+def test_too_many_consecutive_skips_stop_with_a_resumable_checkpoint(tmp_path, tiny_policy_path):
     snap = Snapshots()
-    real = module_mod.clipped_policy_loss
-
-    def nan_from_batch_1(*args, **kwargs):
-        loss, stats = real(*args, **kwargs)
-        return (loss * math.nan if snap.batch >= 1 else loss), stats
-
-    monkeypatch.setattr(module_mod, "clipped_policy_loss", nan_from_batch_1)
+    nan = NaNLogits(snap, lambda batch: batch >= 1)
     with pytest.raises(TrainingError, match=r"3 consecutive steps skipped at global step 1 .*max_consecutive_skips=2"):
-        fit(tmp_path, "adamw", max_steps=5, callbacks=[snap], max_consecutive_skips=2)
+        fit(tmp_path, "adamw", max_steps=5, callbacks=[snap, nan], max_consecutive_skips=2)
     halted = tmp_path / "checkpoints" / "halted-step=1.ckpt"
     assert halted.is_file()
     state = torch.load(halted, weights_only=False, map_location="cpu")
@@ -151,8 +159,9 @@ def test_too_many_consecutive_skips_stop_with_a_resumable_checkpoint(tmp_path, t
     for name, p in snap.after[0][1].items():  # the weights after the last good step
         assert torch.equal(state["state_dict"][f"policy.{name}"], p), name
 
-    monkeypatch.setattr(module_mod, "clipped_policy_loss", real)  # the cause is fixed: resume from it
-    trainer = fit(tmp_path / "resumed", "adamw", max_steps=2, ckpt_path=str(halted))
+    trainer = fit(  # the cause is fixed (no NaNLogits): resume from it
+        tmp_path / "resumed", "adamw", max_steps=2, ckpt_path=str(halted)
+    )
     assert trainer.global_step == 2
 
 
@@ -169,8 +178,14 @@ def test_empty_and_all_truncated_batches_are_skipped_and_counted(tmp_path, tiny_
                 if snap.batch == 1:  # every sample cut at max_new_tokens
                     return dataclasses.replace(out, finished=[False] * len(out))
                 if snap.batch == 2:  # nothing generated at all
-                    return Rollout(out.prompt_ids, [[] for _ in out.completion_ids], [[] for _ in out.logprobs],
-                                   ["" for _ in out.texts], [False] * len(out), n=n)  # fmt: skip
+                    return Rollout(
+                        out.prompt_ids,
+                        [[] for _ in out.completion_ids],
+                        [[] for _ in out.logprobs],
+                        ["" for _ in out.texts],
+                        [False] * len(out),
+                        n=n,
+                    )
                 return out
 
             pl_module.engine.generate = generate
@@ -230,4 +245,4 @@ def test_nonfinite_and_raising_rewards_count_as_reward_errors():
     module = PolicyGradientModule(reward=reward, group_size=2)
     with pytest.warns(UserWarning, match="reward function failed on 1 sample"):
         rewards = module._score(["p", "p"], ["nan", "4"], ["4", "4"])
-    assert rewards.tolist() == [0.0, 1.0] and module._reward_errors == 1
+    assert rewards.tolist() == [0.0, 1.0] and module.faults.reward_errors == 1

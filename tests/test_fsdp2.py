@@ -1,6 +1,6 @@
 """LoGRA on FSDP2 shards equals LoGRA on one process (docs/design.md §3).
 
-Two CPU processes (gloo) shard a tiny Qwen2 with :func:`~logra_lightning.fsdp.shard_policy`
+Two CPU processes (gloo) shard a tiny Qwen2 with :func:`~logra_lightning.models.fsdp.shard_policy`
 (``fully_shard`` per decoder layer and at the root),
 each takes half of the same global batch, and after a few LoGRA steps (basis refreshes
 included, right and left sketches, uneven row shards) the parameters must equal a
@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.fsdp import data_parallel_mesh, decoder_layers, shard_policy
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+from logra_lightning.models.fsdp import data_parallel_mesh, decoder_layers, shard_policy
 from logra_lightning.optim import LoGRA, logra_param_groups, optimizer_state_bytes, param_bytes
 from logra_lightning.optim.logra import resolve_side
 from logra_lightning.optim.sharding import chunk_rows, row_shard
@@ -64,9 +64,13 @@ def make_optimizer(model, variant: str) -> LoGRA:
     # fp32 storage: sharded and single-process gradients differ in the last fp32 bits, which a bf16
     # rounding of a basis or first-moment entry turns into a 2^-8 step difference; the factored
     # second moment of the embedding (and of Qwen3-MoE's experts) is on, as by default
-    return LoGRA(logra_param_groups(model, **{k: v for k, v in kwargs.items() if k != "sketch_in_backward"}),
-                 sketch_in_backward=kwargs.get("sketch_in_backward", True), basis_dtype="float32",
-                 exp_avg_dtype="float32", **HP)  # fmt: skip
+    return LoGRA(
+        logra_param_groups(model, **{k: v for k, v in kwargs.items() if k != "sketch_in_backward"}),
+        sketch_in_backward=kwargs.get("sketch_in_backward", True),
+        basis_dtype="float32",
+        exp_avg_dtype="float32",
+        **HP,
+    )
 
 
 def _worker(rank: int, model_dir: str, out_dir: str, variants: tuple[str, ...] = tuple(VARIANTS)) -> None:
@@ -145,8 +149,9 @@ FAMILIES = [pytest.param("qwen3_moe", id="qwen3_moe")] + [
 def test_fsdp2_logra_equals_single_process_per_family(tmp_path, arch):
     """The same equality for each other family (one variant); Qwen3-MoE's 3-D experts are sharded by experts."""
     torch.set_num_threads(1)
-    model_dir = build_tiny_model(tmp_path / "model", TinyModelConfig(architecture=arch, num_layers=2,
-                                                                     intermediate_size=351))  # fmt: skip
+    model_dir = build_tiny_model(
+        tmp_path / "model", TinyModelConfig(architecture=arch, num_layers=2, intermediate_size=351)
+    )
     out = tmp_path / "out"
     out.mkdir()
     mp.spawn(_worker, args=(model_dir, str(out), ("randomized",)), nprocs=WORLD, join=True)
@@ -221,4 +226,3 @@ def test_plain_and_initialized_but_unsharded_runs_do_not_reduce(tmp_path, monkey
     finally:
         dist.destroy_process_group()
     assert calls == []
-

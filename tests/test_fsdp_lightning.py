@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from logra_lightning.module import PolicyGradientModule
+from logra_lightning.rl.module import PolicyGradientModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arithmetic_fsdp.yaml"
@@ -36,17 +36,28 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.dis
 
 def tiny_budget(tmp_path: Path, steps: int) -> list[str]:
     return [
-        "--trainer.max_steps", str(steps), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--data.batch_size", "4", "--model.group_size", "4",
-        "--data.val.init_args.test_size", "8", "--data.val_batch_size", "8",  # held-out eval runs on every rank
-    ]  # fmt: skip
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--data.batch_size",
+        "4",
+        "--model.group_size",
+        "4",
+        "--data.val.init_args.test_size",
+        "8",
+        "--data.val_batch_size",
+        "8",  # held-out eval runs on every rank
+    ]
 
 
 def run_lightning(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # PYTHONPATH: the processes import this checkout, whichever one pytest runs from
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{' '.join(command)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(command)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+    )
     return proc
 
 
@@ -93,8 +104,10 @@ def test_fsdp_config_runs_and_halves_optimizer_state(tmp_path, tiny_policy_path)
     optimizer_args = yaml.safe_load(CONFIG.read_text())["model"]["optimizer"]["init_args"]
     single = single_process_state_bytes(tiny_policy_path, optimizer_args)
     per_rank = [logged[f"memory/rank{r}/optimizer_state_gb"][-1] * 1e9 for r in range(WORLD)]
-    print(f"\nLoGRA optimizer state: single process {single} B; FSDP2 per rank {[round(b) for b in per_rank]} B "
-          f"({', '.join(f'{b / single:.3f}' for b in per_rank)} of single)")  # fmt: skip
+    print(
+        f"\nLoGRA optimizer state: single process {single} B; FSDP2 per rank {[round(b) for b in per_rank]} B "
+        f"({', '.join(f'{b / single:.3f}' for b in per_rank)} of single)"
+    )
     assert max(per_rank) < 0.56 * single  # every state tensor is sharded: about half per rank
 
 
@@ -118,8 +131,10 @@ class Recorder(L.Callback):
     def _dump_optimizer(self, trainer: L.Trainer, tag: str) -> None:
         opt = trainer.optimizers[0]
         names = {id(p): n for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
-        state = {names[id(p)]: {k: (v.to_local() if hasattr(v, "to_local") else v).clone() for k, v in st.items()}
-                 for p, st in opt.state.items()}  # fmt: skip
+        state = {
+            names[id(p)]: {k: (v.to_local() if hasattr(v, "to_local") else v).clone() for k, v in st.items()}
+            for p, st in opt.state.items()
+        }
         torch.save(state, self.out / f"{tag}_rank{trainer.global_rank}.pt")
 
     def on_train_start(self, trainer, pl_module):
@@ -142,13 +157,18 @@ def resume_driver(argv: list[str]) -> None:
     ``LOGRA_TEST_CKPT`` (resume from) come from the environment, which rank 1 inherits."""
     from lightning.pytorch.cli import LightningCLI
 
-    from logra_lightning.cli import TRAINER_DEFAULTS
+    from logra_lightning.cli.lightning_cli import TRAINER_DEFAULTS
     from logra_lightning.data import PromptDataModule
 
     cli = LightningCLI(
-        SeededRollouts, PromptDataModule, parser_kwargs={"parser_mode": "omegaconf"},
-        save_config_kwargs={"overwrite": True}, trainer_defaults=TRAINER_DEFAULTS, args=argv, run=False,
-    )  # fmt: skip
+        SeededRollouts,
+        PromptDataModule,
+        parser_kwargs={"parser_mode": "omegaconf"},
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults=TRAINER_DEFAULTS,
+        args=argv,
+        run=False,
+    )
     cli.trainer.callbacks.append(Recorder(Path(os.environ["LOGRA_TEST_OUT"]), int(os.environ["LOGRA_TEST_SAVE_AT"])))
     cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=os.environ.get("LOGRA_TEST_CKPT") or None)
 
@@ -158,9 +178,21 @@ def test_sharded_checkpoint_resume_equals_uninterrupted_run(tmp_path, tiny_polic
     k, j = 2, 2
     # one epoch = k steps: the checkpoint sits at an epoch boundary, where Lightning resumes a plain
     # (non-stateful) dataloader exactly; update_proj_gap=3 puts a basis refresh after the resume
-    args = [sys.executable, __file__, "--config", str(CONFIG), *tiny_budget(tmp_path, k + j),
-            "--trainer.limit_train_batches", str(k), "--trainer.limit_val_batches", "0",
-            "--model.optimizer.init_args.lr", "1e-3", "--model.optimizer.init_args.update_proj_gap", "3"]  # fmt: skip
+    args = [
+        sys.executable,
+        __file__,
+        "--config",
+        str(CONFIG),
+        *tiny_budget(tmp_path, k + j),
+        "--trainer.limit_train_batches",
+        str(k),
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.optimizer.init_args.lr",
+        "1e-3",
+        "--model.optimizer.init_args.update_proj_gap",
+        "3",
+    ]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     full.mkdir(), resumed.mkdir()
     run_lightning(args, {"LOGRA_TEST_OUT": str(full), "LOGRA_TEST_SAVE_AT": str(k)})
@@ -206,9 +238,10 @@ def _sharded_worker(rank: int, model_dir: str, out_dir: str) -> None:
     )
     from torch.distributed.device_mesh import init_device_mesh
 
-    from logra_lightning.fsdp import gather_update_factors, shard_policy
     from logra_lightning.models import load_policy
+    from logra_lightning.models.fsdp import shard_policy
     from logra_lightning.optim import LoGRA
+    from logra_lightning.sync.gather import gather_update_factors
 
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=WORLD)
     try:
@@ -232,8 +265,10 @@ def _sharded_worker(rank: int, model_dir: str, out_dir: str) -> None:
         rounded = {n: p.detach().full_tensor() for n, p in model.named_parameters()}
 
         # the calls of Lightning's ModelParallelStrategy.save_checkpoint / load_checkpoint
-        dcp.save({"optimizer_0": get_optimizer_state_dict(model, opt, options=StateDictOptions(cpu_offload=True))},
-                 checkpoint_id=f"{out_dir}/ckpt")  # fmt: skip
+        dcp.save(
+            {"optimizer_0": get_optimizer_state_dict(model, opt, options=StateDictOptions(cpu_offload=True))},
+            checkpoint_id=f"{out_dir}/ckpt",
+        )
         model2 = shard_policy(load_policy(model_dir)[0], mesh)
         opt2 = LoGRA(list(model2.named_parameters()), **OPT_ARGS)
         template = {"optimizer_0": get_optimizer_state_dict(model2, opt2)}
@@ -247,9 +282,13 @@ def _sharded_worker(rank: int, model_dir: str, out_dir: str) -> None:
             "original": {n: {k: v.clone() for k, v in st.items()} for n, st in original.items()},
         }
         if rank == 0:
-            record.update(updates=[(u.name, u.c, u.left, u.right) for u in gathered],
-                          local_rows=[u.left.shape[0] for u in updates], before=before, after=after,
-                          rounded=rounded)  # fmt: skip
+            record.update(
+                updates=[(u.name, u.c, u.left, u.right) for u in gathered],
+                local_rows=[u.left.shape[0] for u in updates],
+                before=before,
+                after=after,
+                rounded=rounded,
+            )
         torch.save(record, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -304,8 +343,8 @@ def test_dcp_round_trip_restores_each_rank_its_own_shard(sharded_run):
 
 
 def test_gather_update_factors_is_a_no_op_on_whole_matrices():
-    from logra_lightning.fsdp import gather_update_factors
     from logra_lightning.optim import LoGRA
+    from logra_lightning.sync.gather import gather_update_factors
 
     model = torch.nn.Linear(8, 6)
     opt = LoGRA(list(model.named_parameters()), lr=1e-2, rank=2)
@@ -334,7 +373,9 @@ def test_state_dict_lists_every_param_and_loads_by_name():
     opt.step()
     sd = opt.state_dict()
     by_name = {  # keyed by parameter name, as DCP's set_optimizer_state_dict hands it over
-        "state": {name: sd["state"][i] for i, name in enumerate(n for g in sd["param_groups"] for n in g["param_names"])},
+        "state": {
+            name: sd["state"][i] for i, name in enumerate(n for g in sd["param_groups"] for n in g["param_names"])
+        },
         "param_groups": [{**g, "params": list(g["param_names"])} for g in sd["param_groups"]],
     }
     opt2.load_state_dict(by_name)

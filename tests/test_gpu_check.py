@@ -95,8 +95,12 @@ def test_where_vllm_cannot_be_installed_it_falls_back_to_the_hf_engine(tmp_path)
     for name, text in (("nvidia-smi", "#!/bin/sh\necho 'GPU 0: Fake GPU'\n"), ("python3.13", FAKE_PYTHON)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    env = {"GPU_CHECK_DRY": "0", "GPU_CHECK_VENV": str(tmp_path / "c" / "venv"),
-           "GPU_CHECK_VENV_HF": str(tmp_path / "c" / "venv-hf"), "FAKE_ARGS": str(tmp_path / "args")}  # fmt: skip
+    env = {
+        "GPU_CHECK_DRY": "0",
+        "GPU_CHECK_VENV": str(tmp_path / "c" / "venv"),
+        "GPU_CHECK_VENV_HF": str(tmp_path / "c" / "venv-hf"),
+        "FAKE_ARGS": str(tmp_path / "args"),
+    }
     path = f"{bin_dir}:{os.environ['PATH']}"
     first = run_script("--models", "qwen2.5-0.5b", path=path, env=env)
     assert first.returncode == 0, first.stderr
@@ -118,8 +122,13 @@ def test_with_the_index_it_installs_vllm_once(tmp_path):
     for name, text in (("nvidia-smi", "#!/bin/sh\necho 'GPU 0: Fake GPU'\n"), ("python3.13", FAKE_PYTHON)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    env = {"GPU_CHECK_DRY": "0", "GPU_CHECK_VENV": str(tmp_path / "c" / "venv"), "FAKE_INDEX": "1",
-           "GPU_CHECK_VENV_HF": str(tmp_path / "c" / "venv-hf"), "FAKE_ARGS": str(tmp_path / "args")}  # fmt: skip
+    env = {
+        "GPU_CHECK_DRY": "0",
+        "GPU_CHECK_VENV": str(tmp_path / "c" / "venv"),
+        "FAKE_INDEX": "1",
+        "GPU_CHECK_VENV_HF": str(tmp_path / "c" / "venv-hf"),
+        "FAKE_ARGS": str(tmp_path / "args"),
+    }
     path = f"{bin_dir}:{os.environ['PATH']}"
     first = run_script(path=path, env=env)
     assert first.returncode == 0, first.stderr
@@ -136,14 +145,18 @@ def test_summarize_without_a_file_says_how_to_call_it():
 
 # ---------------------------------------------------------------------------------- shapes
 def test_real_shapes_have_the_real_parameter_counts():
-    from logra_lightning.model_shapes import architecture_from_config
+    from logra_lightning.models.shapes import architecture_from_config
 
     counts = {m: architecture_from_config(gm.real_shape(m)).num_params() for m in gm.MODELS}
     assert counts["qwen2.5-0.5b"] == 494_032_768  # Qwen/Qwen2.5-0.5B
     assert counts["qwen2.5-1.5b"] == 1_543_714_304  # Qwen/Qwen2.5-1.5B
     seven = architecture_from_config(gm.real_shape("qwen2.5-7b-4l"))
     assert (seven.num_layers, seven.hidden_size, seven.intermediate_size, seven.tie_word_embeddings) == (
-        4, 3584, 18944, False)  # fmt: skip
+        4,
+        3584,
+        18944,
+        False,
+    )
     with pytest.raises(ValueError, match="unknown model 'qwen9'.*allowed: qwen2.5-0.5b"):
         gm.real_shape("qwen9")
 
@@ -154,8 +167,10 @@ def test_dry_shapes_keep_the_architecture_at_a_size_vllm_cpu_runs(model):
     dry = gpu_check.model_shape(model, DRY)
     assert dry["hidden_size"] == DRY["dry_hidden"][model]
     assert dry["hidden_size"] // dry["num_attention_heads"] == 64  # vLLM's CPU backend rejects small heads
-    assert dry["num_attention_heads"] % dry["num_key_value_heads"] == 0 and dry["num_key_value_heads"] < dry[
-        "num_attention_heads"]  # still grouped-query attention
+    assert (
+        dry["num_attention_heads"] % dry["num_key_value_heads"] == 0
+        and dry["num_key_value_heads"] < dry["num_attention_heads"]
+    )  # still grouped-query attention
     assert dry["tie_word_embeddings"] == real["tie_word_embeddings"] and dry["model_type"] == "qwen2"
     ratio = real["intermediate_size"] / real["hidden_size"]
     assert abs(dry["intermediate_size"] / dry["hidden_size"] - ratio) < 0.15
@@ -202,8 +217,8 @@ def test_digit_share_reward():
 def test_fit_config_passes_validation_and_instantiates(tmp_path, optimizer):
     import yaml
 
-    from logra_lightning.cli import LograCLI
-    from logra_lightning.validation import validate_fit_config
+    from logra_lightning.cli.lightning_cli import LograCLI
+    from logra_lightning.config.checks import validate_fit_config
 
     shape = gpu_check.model_shape("qwen2.5-0.5b", DRY)
     gm.build_model_dir(tmp_path / "m", shape, max_new_tokens=DRY["max_new_tokens"])
@@ -229,8 +244,10 @@ def test_fit_config_passes_validation_and_instantiates(tmp_path, optimizer):
 
 def test_hf_engine_fallback_config(tmp_path):
     cfg = gpu_check.fit_config("qwen2.5-0.5b", "logra", {**DRY, "engine": "hf"}, "m", "r")
-    assert cfg["model"]["engine"] == {"class_path": "logra_lightning.rollout.HFEngineSpec",
-                                      "init_args": {"copy_weights": True}}  # fmt: skip
+    assert cfg["model"]["engine"] == {
+        "class_path": "logra_lightning.rollout.HFEngineSpec",
+        "init_args": {"copy_weights": True},
+    }
     kw = rep.plan_setup_kwargs(gpu_check.SETTINGS["cuda"], 150.0)
     shape = gm.real_shape("qwen2.5-0.5b")
     hf, vllm = rep.predict(shape, "logra", kw, "hf"), rep.predict(shape, "logra", kw)
@@ -239,7 +256,7 @@ def test_hf_engine_fallback_config(tmp_path):
 
 # ---------------------------------------------------------------------------------- plan
 def test_prediction_is_the_planner_without_the_engine_and_with_the_kl_snapshot():
-    from logra_lightning.model_shapes import architecture_from_config
+    from logra_lightning.models.shapes import architecture_from_config
     from logra_lightning.plan import PlanSetup, plan
 
     s = gpu_check.SETTINGS["cuda"]
@@ -290,17 +307,29 @@ def fake_series(steps: int = 3) -> dict:
 
 
 def fake_prediction() -> dict:
-    return {"forward_backward_gb": 4.0, "optimizer_gb": 2.5, "params_gb": 2.0, "grads_gb": 0.01,
-            "optimizer_state_gb": 0.5, "reserve_gb": 2.0, "peak_gb_with_engine": 9.0, "peak_phase": "loss_backward",
-            "fits": True, "kl_snapshot_gb": 0.0, "engine_weights_gb": 1.0, "kv_cache_gb": 0.1}  # fmt: skip
+    return {
+        "forward_backward_gb": 4.0,
+        "optimizer_gb": 2.5,
+        "params_gb": 2.0,
+        "grads_gb": 0.01,
+        "optimizer_state_gb": 0.5,
+        "reserve_gb": 2.0,
+        "peak_gb_with_engine": 9.0,
+        "peak_phase": "loss_backward",
+        "fits": True,
+        "kl_snapshot_gb": 0.0,
+        "engine_weights_gb": 1.0,
+        "kv_cache_gb": 0.1,
+    }
 
 
 def test_summarize_part_reads_the_numbers_right():
-    history = [{"step": 0, "eta": 1.0, "predicted_raw": 1e-4, "predicted": 1e-4, "realized": 2e-4},
-               {"step": 1, "eta": 0.5, "predicted_raw": 1e-3, "predicted": 1e-3, "realized": 1e-3},
-               {"step": 2, "eta": 0.5, "predicted_raw": 0.0, "predicted": 0.0, "realized": None}]  # fmt: skip
-    out = rep.summarize_part(fake_series(), history, fake_prediction(), device_used_peak_gb=20.0,
-                                   engine_budget_gb=10.0)  # fmt: skip
+    history = [
+        {"step": 0, "eta": 1.0, "predicted_raw": 1e-4, "predicted": 1e-4, "realized": 2e-4},
+        {"step": 1, "eta": 0.5, "predicted_raw": 1e-3, "predicted": 1e-3, "realized": 1e-3},
+        {"step": 2, "eta": 0.5, "predicted_raw": 0.0, "predicted": 0.0, "realized": None},
+    ]
+    out = rep.summarize_part(fake_series(), history, fake_prediction(), device_used_peak_gb=20.0, engine_budget_gb=10.0)
     assert out["steps"] == 3
     assert out["seconds_per_step"]["median"] == 2.5 and out["seconds_per_step"]["first"] == 9.0  # first excluded
     assert out["memory_peak_gb"] == {"rollout": 1.0, "forward_backward": 5.0, "optimizer": 2.0, "weight_sync": 1.5}
@@ -320,20 +349,39 @@ def test_summarize_part_reads_the_numbers_right():
 
 def report(runs):
     machine = {"device_name": "NVIDIA H200", "device_memory_gb": 150.0, "torch": "2.13.0", "vllm": "0.32.0"}
-    return rep.make_report("cuda", 0.0, 321.0, machine, gpu_check.SETTINGS["cuda"], {"seconds": 120.0},
-                                 {}, runs, command="scripts/gpu_check.sh")  # fmt: skip
+    return rep.make_report(
+        "cuda",
+        0.0,
+        321.0,
+        machine,
+        gpu_check.SETTINGS["cuda"],
+        {"seconds": 120.0},
+        {},
+        runs,
+        command="scripts/gpu_check.sh",
+    )
 
 
 def ok_run(model="qwen2.5-0.5b", optimizer="logra"):
     history = [{"step": 0, "eta": 1.0, "predicted_raw": 1e-4, "predicted": 1e-4, "realized": 1.1e-4}]
-    return {"model": model, "optimizer": optimizer, "status": "ok", "wall_seconds": 50.0,
-            **rep.summarize_part(fake_series(), history, fake_prediction(), 20.0, 10.0),
-            "plan_command": "logra plan --model m"}  # fmt: skip
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "status": "ok",
+        "wall_seconds": 50.0,
+        **rep.summarize_part(fake_series(), history, fake_prediction(), 20.0, 10.0),
+        "plan_command": "logra plan --model m",
+    }
 
 
 def test_report_schema_summary_and_json_round_trip(tmp_path):
-    failed = {"model": "qwen2.5-7b-4l", "optimizer": "adamw", "status": "timeout", "wall_seconds": 150.0,
-              "error": "timed out after 150 s; log x.log:\nCUDA out of memory"}  # fmt: skip
+    failed = {
+        "model": "qwen2.5-7b-4l",
+        "optimizer": "adamw",
+        "status": "timeout",
+        "wall_seconds": 150.0,
+        "error": "timed out after 150 s; log x.log:\nCUDA out of memory",
+    }
     good = report([ok_run(), ok_run(optimizer="adamw")])
     assert good["ok"] and rep.check_report(good) == []
     path = tmp_path / "r.json"
@@ -369,7 +417,10 @@ def test_a_part_past_its_time_is_killed_with_its_children(tmp_path):
     start = time.monotonic()
     status, seconds = gpu_check.run_limited(cmd, timeout=1.0, log=tmp_path / "log")
     assert status == "timeout" and time.monotonic() - start < 10
-    assert gpu_check.run_limited([sys.executable, "-c", "raise SystemExit(3)"], 10, tmp_path / "l2")[0] == "failed (exit 3)"
+    assert (
+        gpu_check.run_limited([sys.executable, "-c", "raise SystemExit(3)"], 10, tmp_path / "l2")[0]
+        == "failed (exit 3)"
+    )
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -379,8 +430,12 @@ def test_dry_run_end_to_end(tmp_path):
     pytest.importorskip("vllm")
     out = tmp_path / "gpu_check.json"
     start = time.monotonic()
-    result = subprocess.run([BASH, str(SCRIPT), "--dry-run", "--models", "qwen2.5-0.5b", "--out", str(out)],
-                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    result = subprocess.run(
+        [BASH, str(SCRIPT), "--dry-run", "--models", "qwen2.5-0.5b", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert rep.check_report(doc) == [] and doc["ok"] and doc["mode"] == "dry-run (cpu)"
@@ -400,12 +455,27 @@ def test_dry_run_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_dry_run_with_the_hf_engine_fallback(tmp_path):
     out = tmp_path / "gpu_check.json"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "run", "--dry-run", "--engine", "hf",
-                             "--models", "qwen2.5-7b-4l", "--out", str(out), "--deadline", "9999999999"],
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "run",
+            "--dry-run",
+            "--engine",
+            "hf",
+            "--models",
+            "qwen2.5-7b-4l",
+            "--out",
+            str(out),
+            "--deadline",
+            "9999999999",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert rep.check_report(doc) == [] and doc["settings"]["engine"] == "hf"
     assert "--deadline" not in doc["command"] and "--engine hf" in doc["command"]
     assert {r["optimizer"]: r["status"] for r in doc["runs"]} == {"adamw": "ok", "logra": "ok"}
-

@@ -7,17 +7,17 @@ import math
 import pytest
 import torch
 
-from logra_lightning.grpo import (
+from logra_lightning.rl.logprobs import gather_logprobs, token_entropy
+from logra_lightning.rl.loss import (
+    LossConfig,
     clipped_policy_loss,
-    gather_logprobs,
     grpo_advantages,
     grpo_loss,
     k3_kl,
     masked_mean,
     tis_weights,
-    token_entropy,
 )
-from logra_lightning.sequences import pack_sequences, right_align
+from logra_lightning.rl.trajectory import PackedBatch, Trajectory, pack_sequences, right_align
 
 
 def test_advantages_by_hand():
@@ -100,6 +100,13 @@ def test_token_weights_scale_each_tokens_loss():
     torch.testing.assert_close(lp.grad, -w / 2)
 
 
+def _trajectory(targets, old_lp, adv, mask, tis=None, ref_lp=None) -> Trajectory:
+    """A trajectory whose sequences are only what the loss reads (targets and completion mask)."""
+    n = len(targets)
+    seqs = PackedBatch(torch.zeros(n, targets.shape[1] + 1, dtype=torch.long), torch.ones(n, 1), targets, mask)
+    return Trajectory(seqs, torch.zeros(n), adv, old_lp, tis, ref_lp)
+
+
 def test_grpo_loss_by_hand():
     # one micro-batch of 2 tokens (the batch has 4): ratios e^0.5 (clipped at 1.28) and e^-0.5, advantage +1,
     # TIS weights (2, 0.5), reference logprobs 1 above the policy's (k3 = e - 2 per token), uniform logits over 2
@@ -107,9 +114,17 @@ def test_grpo_loss_by_hand():
     targets = torch.tensor([[0, 1]])
     lp = math.log(0.5)
     old = torch.tensor([[lp - 0.5, lp + 0.5]])
-    loss, stats = grpo_loss(logits, targets, old, torch.tensor([1.0]), torch.ones(1, 2), 4, clip_low=0.2,
-                            clip_high=0.28, token_weights=torch.tensor([[2.0, 0.5]]),
-                            ref_logprobs=torch.full((1, 2), lp + 1.0), kl_coef=0.1)  # fmt: skip
+    batch = _trajectory(
+        targets, old, torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([[2.0, 0.5]]), torch.full((1, 2), lp + 1.0)
+    )
+    logprobs = gather_logprobs(logits, targets)
+    loss, stats = grpo_loss(
+        logprobs,
+        batch,
+        4,
+        LossConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.1),
+        entropy=token_entropy(logits.detach()),
+    )
     policy = -(2.0 * 1.28 + 0.5 * math.exp(-0.5)) / 4
     ref_kl = 2 * (math.e - 2) / 4
     assert loss.item() == pytest.approx(policy + 0.1 * ref_kl, rel=1e-6)
@@ -120,23 +135,36 @@ def test_grpo_loss_by_hand():
     assert stats["policy/approx_kl"] == pytest.approx(0.5 * (math.exp(0.5) + math.exp(-0.5) - 2) / 2, rel=1e-6)
     assert stats["policy/entropy"] == pytest.approx(0.5 * math.log(2), rel=1e-6)
     assert list(stats) == ["loss/policy", "policy/clip_frac", "policy/approx_kl", "policy/entropy", "policy/ref_kl"]
-    _, plain = grpo_loss(logits, targets, old, torch.tensor([1.0]), torch.ones(1, 2), 4, entropy=False)
+    _, plain = grpo_loss(logprobs, _trajectory(targets, old, torch.tensor([1.0]), torch.ones(1, 2)), 4)
     assert set(plain) == {"loss/policy", "policy/clip_frac", "policy/approx_kl"}
 
 
 def _inline_composition(hp, logits, targets, old_lp, adv, mask, tis, ref_lp, micro):
     """The loss as ``PolicyGradientModule.training_step`` composed it inline before ``grpo_loss`` (one epoch)."""
     n_tokens = int(mask.sum())
-    stats = {"loss/policy": 0.0, "policy/clip_frac": 0.0, "policy/approx_kl": 0.0, "policy/entropy": 0.0,
-             "policy/ref_kl": 0.0}  # fmt: skip
+    stats = {
+        "loss/policy": 0.0,
+        "policy/clip_frac": 0.0,
+        "policy/approx_kl": 0.0,
+        "policy/entropy": 0.0,
+        "policy/ref_kl": 0.0,
+    }
     losses = []
     for lo in range(0, len(targets), micro):
         rows = slice(lo, lo + micro)
         lg, mb_mask = logits[rows], mask[rows]
         mb_tokens = int(mb_mask.sum())
         lp = gather_logprobs(lg, targets[rows], hp["temperature"])
-        loss, st = clipped_policy_loss(lp, old_lp[rows], adv[rows], mb_mask, hp["clip_low"], hp["clip_high"],
-                                       normalizer=n_tokens, token_weights=tis[rows])  # fmt: skip
+        loss, st = clipped_policy_loss(
+            lp,
+            old_lp[rows],
+            adv[rows],
+            mb_mask,
+            hp["clip_low"],
+            hp["clip_high"],
+            normalizer=n_tokens,
+            token_weights=tis[rows],
+        )
         ref_kl = (k3_kl(lp, ref_lp[rows]) * mb_mask).sum() / n_tokens
         loss = loss + hp["kl_coef"] * ref_kl
         stats["policy/ref_kl"] += ref_kl.item()
@@ -172,9 +200,11 @@ def test_grpo_loss_equals_the_previous_inline_composition():
     new_stats: dict[str, float] = {}
     for lo in range(0, N, 2):
         rows = slice(lo, lo + 2)
-        loss, st = grpo_loss(b[rows], targets[rows], old_lp[rows], adv[rows], mask[rows], int(mask.sum()),
-                             clip_low=hp["clip_low"], clip_high=hp["clip_high"], temperature=hp["temperature"],
-                             token_weights=tis[rows], ref_logprobs=ref_lp[rows], kl_coef=hp["kl_coef"])  # fmt: skip
+        batch = _trajectory(targets, old_lp, adv, mask, tis, ref_lp).rows(rows)
+        lp = gather_logprobs(b[rows], targets[rows], hp["temperature"])
+        cfg = LossConfig(clip_low=hp["clip_low"], clip_high=hp["clip_high"], kl_coef=hp["kl_coef"])
+        ent = token_entropy(b[rows].detach() / hp["temperature"])
+        loss, st = grpo_loss(lp, batch, int(mask.sum()), cfg, entropy=ent)
         assert torch.equal(loss, old_losses[lo // 2])
         loss.backward()
         for key, value in st.items():

@@ -24,18 +24,53 @@ pytest.importorskip("vllm")
 @pytest.mark.vllm
 def test_gsm8k_config_end_to_end_with_vllm(tmp_path):
     model = build_tiny_model(tmp_path / "tiny-512", TinyModelConfig(num_layers=2, max_position_embeddings=512))
-    cli = main([
-        "fit", "--config", str(ROOT / "configs/qwen2.5-0.5b_gsm8k.yaml"),
-        "--model.model", model, "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
-        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.logger.init_args.save_dir", str(tmp_path), "--model.max_new_tokens", "16",
-        "--model.group_size", "2", "--model.micro_batch_size", "4", "--model.torch_threads", "1",
-        "--model.activation_checkpointing", "false",
-        "--model.engine.init_args.dtype", "float32", "--model.engine.init_args.max_model_len", "512",
-        "--model.engine.init_args.enforce_eager", "true", "--model.engine.init_args.kv_cache_space_gb", "0.25",
-        "--data.train.init_args.path", str(DATA), "--data.val.init_args.path", str(DATA),
-        "--data.batch_size", "4", "--data.val_batch_size", "8",
-    ])  # fmt: skip
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/qwen2.5-0.5b_gsm8k.yaml"),
+            "--model.model",
+            model,
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.precision",
+            "32-true",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            "--model.max_new_tokens",
+            "16",
+            "--model.group_size",
+            "2",
+            "--model.micro_batch_size",
+            "4",
+            "--model.torch_threads",
+            "1",
+            "--model.activation_checkpointing",
+            "false",
+            "--model.engine.init_args.dtype",
+            "float32",
+            "--model.engine.init_args.max_model_len",
+            "512",
+            "--model.engine.init_args.enforce_eager",
+            "true",
+            "--model.engine.init_args.kv_cache_space_gb",
+            "0.25",
+            "--data.train.init_args.path",
+            str(DATA),
+            "--data.val.init_args.path",
+            str(DATA),
+            "--data.batch_size",
+            "4",
+            "--data.val_batch_size",
+            "8",
+        ]
+    )
     assert cli.trainer.global_step == 2
     assert type(cli.model.engine).__name__ == "VLLMEngine"
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())

@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from logra_lightning.callbacks.kl_control import KLStepControl, SupportsKLProbe, is_two_phase
-from logra_lightning.kl import exact_kl, finite_difference_epsilon, softmax_variance_kl
+from logra_lightning.kl.estimates import exact_kl, finite_difference_epsilon, softmax_variance_kl
 from logra_lightning.optim import LoGRA
 
 torch.set_num_threads(1)
@@ -85,10 +85,16 @@ class ToyModule(L.LightningModule):
 
 def fit(module, control, steps, tmp_path=None, **kw):
     trainer = L.Trainer(
-        max_steps=steps, accelerator="cpu", callbacks=[control], enable_progress_bar=False,
-        enable_model_summary=False, log_every_n_steps=1, enable_checkpointing=False,
-        logger=CSVLogger(tmp_path, name="csv") if tmp_path else False, **kw,
-    )  # fmt: skip
+        max_steps=steps,
+        accelerator="cpu",
+        callbacks=[control],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        logger=CSVLogger(tmp_path, name="csv") if tmp_path else False,
+        **kw,
+    )
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(sequences(8 * B, 0), batch_size=None))
     return trainer
 
@@ -158,7 +164,9 @@ def test_trainer_logs_metrics_and_bounds_realized_kl(tmp_path, optimizer):
     # realized KL only on measured steps (no stale value re-sent in between), at the step the
     # batch's other metrics have (so the curves line up), which here is the optimizer step
     realized_rows = [r for r in rows if r.get("kl/realized")]
-    assert [float(r["kl/realized"]) for r in realized_rows] == pytest.approx([r["realized"] for r in measured], rel=1e-6)
+    assert [float(r["kl/realized"]) for r in realized_rows] == pytest.approx(
+        [r["realized"] for r in measured], rel=1e-6
+    )
     scale_steps = [int(r["step"]) for r in rows if r.get("kl/step_scale")]
     assert scale_steps == list(range(8))
     assert [int(r["step"]) for r in realized_rows] == [0, 2, 4, 6]
@@ -210,9 +218,14 @@ def test_resume_restores_calibration(tmp_path):
     for target in (1e-3, 2e-3):  # another target is another state_key: its calibration starts afresh
         resumed = KLStepControl(target_kl=target, sample_tokens=64, measure_every=1)
         L.Trainer(
-            max_steps=5, accelerator="cpu", callbacks=[resumed], logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False,
-        ).fit(ToyModule(lr=0.1), data, ckpt_path=ckpt)  # fmt: skip
+            max_steps=5,
+            accelerator="cpu",
+            callbacks=[resumed],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).fit(ToyModule(lr=0.1), data, ckpt_path=ckpt)
         first = resumed.history[0]
         if target == 1e-3:
             assert first["step"] == 4
@@ -293,7 +306,7 @@ def test_example_runs_on_the_tiny_qwen2():
 
 
 def test_calibration_rule_tracks_a_consistent_bias_within_bounds():
-    from logra_lightning.kl import calibration_from_ema, informative_measurement, update_log_calibration
+    from logra_lightning.kl.estimates import calibration_from_ema, informative_measurement, update_log_calibration
 
     ema, n = 0.0, 0
     assert calibration_from_ema(ema, n, 0.3, (0.25, 4.0)) == 1.0

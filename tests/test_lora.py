@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
-from logra_lightning.adapters import LoRA, base_param_name, lora_delta_factors, merge_lora_state_dict
+from logra_lightning.builtin.sft import greedy_completions
 from logra_lightning.cli import main
 from logra_lightning.errors import ConfigError
-from logra_lightning.warmup import greedy_completions
-
-from conftest import vllm_greedy_answers  # tests/conftest.py
+from logra_lightning.models.lora import LoRA, base_param_name, lora_delta_factors, merge_lora_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_lora.yaml")
@@ -36,8 +35,17 @@ def tiny_qwen2(seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, vocab_size=50, tie_word_embeddings=False))  # fmt: skip
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=50,
+            tie_word_embeddings=False,
+        )
+    )
 
 
 def merged(policy, lora: LoRA) -> dict[str, torch.Tensor]:
@@ -56,12 +64,13 @@ def test_optimizer_updates_equal_the_merged_weight_difference():
     """Three AdamW steps on a real PEFT policy: base + sum of popped updates == merged weights after, to 1e-6."""
     lora = LoRA(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
     policy = lora.attach(tiny_qwen2())
-    opt = lora.wrap_optimizer(torch.optim.AdamW([(n, p) for n, p in policy.named_parameters() if p.requires_grad],
-                                                lr=1e-2, weight_decay=0.1))  # fmt: skip
+    opt = lora.wrap_optimizer(
+        torch.optim.AdamW([(n, p) for n, p in policy.named_parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    )
     opt.record_updates = True
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
     before = merged(policy, lora)
-    for step in range(3):
+    for _step in range(3):
         opt.zero_grad()
         policy(input_ids=ids, labels=ids).loss.backward()
         opt.step()
@@ -81,7 +90,9 @@ def test_optimizer_updates_equal_the_merged_weight_difference():
 
 
 def test_merged_state_dict_is_a_plain_model_with_the_same_outputs():
-    lora = LoRA(rank=2, alpha=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora = LoRA(
+        rank=2, alpha=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     policy = lora.attach(tiny_qwen2())
     with torch.no_grad():
         for n, p in policy.named_parameters():
@@ -103,12 +114,15 @@ def test_merged_state_dict_is_a_plain_model_with_the_same_outputs():
         merge_lora_state_dict({"x.lora_A.default.weight": torch.zeros(1, 2)}, 1.0)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(rank=0), r"model.adapter.init_args.rank=0: allowed integers >= 1"),
-    (dict(alpha=-1), r"alpha=-1: allowed numbers > 0"),
-    (dict(dropout=1.0), r"dropout=1.0: allowed values in \[0, 1\)"),
-    (dict(target_modules=[]), r"target_modules=\[\]: allowed a non-empty list"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rank=0), r"model.adapter.init_args.rank=0: allowed integers >= 1"),
+        (dict(alpha=-1), r"alpha=-1: allowed numbers > 0"),
+        (dict(dropout=1.0), r"dropout=1.0: allowed values in \[0, 1\)"),
+        (dict(target_modules=[]), r"target_modules=\[\]: allowed a non-empty list"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         LoRA(**kwargs)
@@ -121,14 +135,22 @@ def test_target_modules_that_match_nothing_or_are_not_linear():
         LoRA(target_modules=["embed_tokens"]).attach(tiny_qwen2())
 
 
-@pytest.mark.parametrize("override, match", [
-    (["--model.optimizer", "logra_lightning.optim.LoGRA", "--model.optimizer.rank", "4"],
-     "LoGRA does not train LoRA factors"),
-    (["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy"], "LoRA under FSDP2 is not supported"),
-    (["--model.adapter.rank", "0"], "model.adapter.init_args.rank=0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (
+            ["--model.optimizer", "logra_lightning.optim.LoGRA", "--model.optimizer.rank", "4"],
+            "LoGRA does not train LoRA factors",
+        ),
+        (
+            ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy"],
+            "LoRA under FSDP2 is not supported",
+        ),
+        (["--model.adapter.rank", "0"], "model.adapter.init_args.rank=0"),
+    ],
+)
 def test_bad_combinations_fail_before_any_model_is_built(override, match, monkeypatch):
-    import logra_lightning.module as module
+    import logra_lightning.rl.module as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was built before the input was validated")
@@ -154,19 +176,44 @@ def lora_run(tmp_path_factory, tiny_policy_path) -> types.SimpleNamespace:
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
     tmp = tmp_path_factory.mktemp("lora_run")
-    cli = main(["fit", "--config", CONFIG, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-                "--trainer.limit_val_batches", "1", "--data.val.init_args.test_size", "16", "--data.batch_size", "8",
-                "--model.optimizer.init_args.lr", "3e-3", "--trainer.logger.init_args.save_dir", str(tmp),
-                "--export", str(tmp / "export")])  # fmt: skip
+    cli = main(
+        [
+            "fit",
+            "--config",
+            CONFIG,
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "4",
+            "--trainer.limit_val_batches",
+            "1",
+            "--data.val.init_args.test_size",
+            "16",
+            "--data.batch_size",
+            "8",
+            "--model.optimizer.init_args.lr",
+            "3e-3",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp),
+            "--export",
+            str(tmp / "export"),
+        ]
+    )
     ckpt = tmp / "final.ckpt"
     cli.trainer.save_checkpoint(ckpt)
     policy, tok = cli.model.policy.eval(), cli.model.tokenizer
     sync = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "LowRankWeightSync")
     return types.SimpleNamespace(
-        tmp=tmp, export=tmp / "export", ckpt=ckpt, policy=policy, tok=tok, sync=sync,
-        scalars=_scalars(cli.trainer.log_dir), merged=cli.model.adapter.merged_state_dict(policy.state_dict()),
+        tmp=tmp,
+        export=tmp / "export",
+        ckpt=ckpt,
+        policy=policy,
+        tok=tok,
+        sync=sync,
+        scalars=_scalars(cli.trainer.log_dir),
+        merged=cli.model.adapter.merged_state_dict(policy.state_dict()),
         answers=greedy_completions(policy, tok, PROMPTS, max_new_tokens=5),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.vllm
@@ -196,9 +243,15 @@ def test_export_of_a_lora_run_is_a_plain_model(lora_run, tmp_path):
     again = load_file(tmp_path / "out" / "model.safetensors")
     assert set(again) == set(exported) and all(torch.equal(again[k], exported[k]) for k in again)
     hp = torch.load(lora_run.ckpt, weights_only=True)["hyper_parameters"]["adapter"]
-    assert hp == {"class_path": "logra_lightning.adapters.LoRA", "init_args": {
-        "rank": 16, "alpha": 32.0, "dropout": 0.0,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}  # fmt: skip
+    assert hp == {
+        "class_path": "logra_lightning.models.LoRA",
+        "init_args": {
+            "rank": 16,
+            "alpha": 32.0,
+            "dropout": 0.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        },
+    }
 
 
 @pytest.mark.slow
@@ -211,15 +264,41 @@ def test_vllm_loads_the_lora_export(lora_run):
 @pytest.mark.slow
 def test_lora_with_kl_control_and_resume(tmp_path, tiny_policy_path):
     """KLStepControl rescales LoRA steps (snapshot path); an HF engine with its own copy stays in sync; resume works."""
-    control = json.dumps([{"class_path": "logra_lightning.callbacks.KLStepControl",
-                           "init_args": {"target_kl": 1e-4, "measure_every": 1}},
-                          {"class_path": "logra_lightning.callbacks.LowRankWeightSync"},
-                          {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                           "init_args": {"save_last": True, "every_n_train_steps": 2}}])  # fmt: skip
-    common = ["--config", CONFIG, "--model.engine", "logra_lightning.rollout.HFEngineSpec",
-              "--model.engine.copy_weights", "true", "--trainer.callbacks", control, "--trainer.val_check_interval", "2",
-              "--trainer.limit_val_batches", "1", "--data.val.init_args.test_size", "16", "--data.batch_size", "8",
-              "--model.optimizer.init_args.lr", "3e-2", "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+    control = json.dumps(
+        [
+            {
+                "class_path": "logra_lightning.callbacks.KLStepControl",
+                "init_args": {"target_kl": 1e-4, "measure_every": 1},
+            },
+            {"class_path": "logra_lightning.callbacks.LowRankWeightSync"},
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"save_last": True, "every_n_train_steps": 2},
+            },
+        ]
+    )
+    common = [
+        "--config",
+        CONFIG,
+        "--model.engine",
+        "logra_lightning.rollout.HFEngineSpec",
+        "--model.engine.copy_weights",
+        "true",
+        "--trainer.callbacks",
+        control,
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--data.val.init_args.test_size",
+        "16",
+        "--data.batch_size",
+        "8",
+        "--model.optimizer.init_args.lr",
+        "3e-2",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
     cli = main(["fit", *common, "--trainer.max_steps", "4"])
     s = _scalars(cli.trainer.log_dir)
     assert max(s["sync/logprob_abs_diff_max"]) <= 1e-4

@@ -85,7 +85,7 @@ def test_parquet_gsm8k_and_math(tmp_path):
 
 def test_parquet_row_error_names_file_and_row(tmp_path):
     path = write_parquet(tmp_path / "g.parquet", [GSM8K_ROWS[0], {"question": "Q?", "answer": None}])
-    with pytest.raises(DataError, match=rf"g\.parquet: row 2: field 'answer' must be a string, got NoneType"):
+    with pytest.raises(DataError, match=r"g\.parquet: row 2: field 'answer' must be a string, got NoneType"):
         GSM8KSource(str(path)).load()
 
 

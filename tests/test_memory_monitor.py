@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from logra_lightning.callbacks.memory import GB, MemoryMonitor
 from logra_lightning.optim import LoGRA, logra_param_groups, optimizer_state_bytes
 from logra_lightning.optim.host_memory import trim
-from logra_lightning.phases import announce_phase
+from logra_lightning.rl.phases import announce_phase
 
 torch.set_num_threads(1)
 SPIKE_BYTES = 200 * 2**20  # allocated and freed inside the rollout phase
@@ -68,10 +68,16 @@ class TinyModule(L.LightningModule):
 def fit(tmp_path, module: TinyModule, **monitor_kwargs) -> dict[str, list[float]]:
     logger = TensorBoardLogger(tmp_path, name="mem")
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=3, logger=logger, log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        logger=logger,
+        log_every_n_steps=1,
         callbacks=[MemoryMonitor(**monitor_kwargs)],
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module)
     acc = EventAccumulator(logger.log_dir)
     acc.Reload()
@@ -111,6 +117,7 @@ def test_announced_phases_per_rank_and_logra_accounting(tmp_path):
         assert len(scalars[f"{pre}/{phase}/peak_gb"]) == 3
         assert len(scalars[f"{pre}/{phase}/current_gb"]) == 3
     assert not any(k.startswith("memory/forward_backward") for k in scalars)  # per_rank renames every key
+
     # the spike lives inside `rollout` only: its peak is ~SPIKE_BYTES above the RSS at its end,
     # while the next phase starts after the buffer is freed and does not see it
     def headroom(phase: str) -> list[float]:
@@ -130,8 +137,15 @@ def test_announced_phases_per_rank_and_logra_accounting(tmp_path):
 
 
 def test_refuses_trainer_without_logger():
-    trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[MemoryMonitor()], max_steps=1,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        callbacks=[MemoryMonitor()],
+        max_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     with pytest.raises(MisconfigurationException, match="logger=False"):
         trainer.fit(TinyModule())
 

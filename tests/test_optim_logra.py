@@ -53,13 +53,20 @@ HP = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
 
 
 @pytest.mark.parametrize("in_backward", [True, False])
-@pytest.mark.parametrize("state", [{}, {"second_moment": "factored"},
-                                   {"second_moment": "full", "basis_dtype": "float32", "exp_avg_dtype": "float32"}],
-                         ids=["default", "factored", "full_fp32"])  # fmt: skip
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},
+        {"second_moment": "factored"},
+        {"second_moment": "full", "basis_dtype": "float32", "exp_avg_dtype": "float32"},
+    ],
+    ids=["default", "factored", "full_fp32"],
+)
 def test_fast_matches_reference_across_refreshes(in_backward, state):
     fast_model, ref_model = mlp(), mlp()
-    fast = LoGRA(logra_param_groups(fast_model, rank=3, update_proj_gap=3), sketch_in_backward=in_backward,
-                 **state, **HP)  # fmt: skip
+    fast = LoGRA(
+        logra_param_groups(fast_model, rank=3, update_proj_gap=3), sketch_in_backward=in_backward, **state, **HP
+    )
     ref = LoGRAReference(logra_param_groups(ref_model, rank=3, update_proj_gap=3), **state, **HP)
     start = [p.detach().clone() for p in fast_model.parameters()]
     train(fast_model, fast, 7)  # refreshes after steps 1, 4, 7
@@ -88,8 +95,9 @@ def test_identity_basis_equals_adamw():
         {"params": [a[2].weight], "rank": 8, "side": "left"},  # [8, 16], rank = m: identity left basis
         {"params": [a[0].bias, a[2].bias]},
     ]
-    opt_a = LoGRA(groups, lr=1e-2, weight_decay=0.1, update_proj_gap=2, second_moment="full",
-                  exp_avg_dtype="float32")  # Adam's moments, fp32
+    opt_a = LoGRA(
+        groups, lr=1e-2, weight_decay=0.1, update_proj_gap=2, second_moment="full", exp_avg_dtype="float32"
+    )  # Adam's moments, fp32
     opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1)
     for t in range(6):
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(t))
@@ -171,8 +179,11 @@ def test_refresh_rotates_moments(second_moment):
         side = "right" if p.shape[0] <= p.shape[1] else "left"
 
         def v(st):  # the second moment as the step reads it
-            return st["exp_avg_sq"] if "exp_avg_sq" in st else sk.factored_second_moment(
-                st["exp_avg_sq_row"], st["exp_avg_sq_col"], side)  # fmt: skip
+            return (
+                st["exp_avg_sq"]
+                if "exp_avg_sq" in st
+                else sk.factored_second_moment(st["exp_avg_sq_row"], st["exp_avg_sq_col"], side)
+            )
 
         m_old = old["exp_avg"].float()  # bf16 storage (exp_avg_dtype): turned in fp32, rounded once
         if side == "right":
@@ -271,7 +282,6 @@ def test_applied_updates_reproduce_new_weights():
         loss_fn(model, *batch(t)).backward()
         opt.prepare_update()
         opt.set_step_scale(eta)
-        snap = {n: p.detach().clone() for n, p in named.items()} if t == 0 else snap
         opt.step()
         opt.zero_grad()
         if t == 0:
@@ -385,8 +395,15 @@ def test_lightning_closure_two_phase():
 
     module = Module()
     data = [batch(0)] * 12
-    trainer = L.Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[HalfStep()])  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[HalfStep()],
+    )
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
     opt = trainer.optimizers[0]
     steps = opt.pop_applied_updates()

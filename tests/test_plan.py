@@ -20,14 +20,29 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from logra_lightning.model_shapes import architecture_from_config, load_architecture, shipped_shapes
+from logra_lightning.models.shapes import architecture_from_config, load_architecture, shipped_shapes
 from logra_lightning.optim import LoGRA, logra_param_groups
-from logra_lightning.plan import (PlanError, PlanSetup, engine_bytes, layer_activation_bytes, main, plan,
-                                  plan_optimizer, saved_activation_bytes)  # fmt: skip
+from logra_lightning.plan import (
+    PlanError,
+    PlanSetup,
+    engine_bytes,
+    layer_activation_bytes,
+    main,
+    plan,
+    plan_optimizer,
+    saved_activation_bytes,
+)
 from logra_lightning.plan.optimizers import _lowrank_layout
 
-BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+BASE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 FAMILIES = {
     "qwen2_tied": dict(BASE, model_type="qwen2", tie_word_embeddings=True),
     "qwen2_untied": dict(BASE, model_type="qwen2", tie_word_embeddings=False),
@@ -37,9 +52,16 @@ FAMILIES = {
     "gemma3_text": dict(BASE, model_type="gemma3_text", head_dim=16, sliding_window=16, tie_word_embeddings=True),
     # Phi-3's default pad/bos/eos ids (32000, 1, 32000) are outside the tiny vocabulary
     "phi3": dict(BASE, model_type="phi3", tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2),
-    "qwen3_moe": dict(BASE, model_type="qwen3_moe", head_dim=32, num_experts=4, num_experts_per_tok=2,
-                      moe_intermediate_size=48, tie_word_embeddings=False),
-}  # fmt: skip
+    "qwen3_moe": dict(
+        BASE,
+        model_type="qwen3_moe",
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        tie_word_embeddings=False,
+    ),
+}
 
 
 def _matrix_shape(shape: torch.Size) -> tuple[int, int]:
@@ -85,8 +107,9 @@ def test_matrix_and_router_names_and_shapes_match_named_parameters(family):
     cfg = FAMILIES[family]
     model = _build(cfg)
     arch = architecture_from_config(cfg)
-    got = Counter((re.sub(r"\.\d+\.", ".*.", n), _matrix_shape(p.shape)) for n, p in model.named_parameters()
-                  if p.ndim >= 2)  # fmt: skip
+    got = Counter(
+        (re.sub(r"\.\d+\.", ".*.", n), _matrix_shape(p.shape)) for n, p in model.named_parameters() if p.ndim >= 2
+    )
     want = Counter({(m.name, (m.rows, m.cols)): m.count for m in arch.matrices()})
     names = {m.name for m in arch.matrices()}
     assert Counter({k: v for k, v in got.items() if k[0] in names}) == want
@@ -154,9 +177,17 @@ def test_saved_activation_formula_matches_autograd(precision, family):
 # --------------------------------------------------------------------------------- shipped shapes
 @pytest.mark.parametrize(
     ("name", "billions"),
-    [("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("gemma-3-27b", 27.01), ("llama-3-8b", 8.03),
-     ("qwen3-8b", 8.19), ("mistral-7b", 7.25), ("qwen3-30b-a3b", 30.5), ("phi-3-mini", 3.82)],
-)  # fmt: skip
+    [
+        ("qwen2.5-0.5b", 0.494),
+        ("qwen2.5-7b", 7.616),
+        ("gemma-3-27b", 27.01),
+        ("llama-3-8b", 8.03),
+        ("qwen3-8b", 8.19),
+        ("mistral-7b", 7.25),
+        ("qwen3-30b-a3b", 30.5),
+        ("phi-3-mini", 3.82),
+    ],
+)
 def test_shipped_shapes_have_the_published_sizes(name, billions):
     assert name in shipped_shapes()
     assert load_architecture(name).num_params() / 1e9 == pytest.approx(billions, rel=0.005)
@@ -176,8 +207,9 @@ def test_moe_plan_counts_every_expert_and_sketches_experts_on_the_right():
     weights, _ = engine_bytes(arch, PlanSetup(colocate_engine=True, rank=r))
     assert weights == 2 * arch.num_params()  # the engine holds all 128 experts in bf16
     # activations follow k * moe_intermediate_size, not the (unused) dense intermediate_size
-    wider = architecture_from_config(dict(json.loads(Path(_shape_file("qwen3-30b-a3b")).read_text()),
-                                          intermediate_size=99999))  # fmt: skip
+    wider = architecture_from_config(
+        dict(json.loads(Path(_shape_file("qwen3-30b-a3b")).read_text()), intermediate_size=99999)
+    )
     assert layer_activation_bytes(wider, 2) == layer_activation_bytes(arch, 2)
     assert wider.num_params() == arch.num_params()
 
@@ -246,8 +278,13 @@ def test_cli_json_and_table(capsys):
     assert result["setup"]["gpus"] == 8 and result["model"]["params"] == load_architecture("qwen2.5-7b").num_params()
     logra, adamw = result["optimizers"]["logra"], result["optimizers"]["adamw"]
     assert logra["peak_bytes"] < adamw["peak_bytes"] and logra["fits"] is True
-    assert set(logra["phases"]) == {"loss_backward", "head_backward", "layer_backward", "embedding_backward",
-                                    "optimizer_step"}  # fmt: skip
+    assert set(logra["phases"]) == {
+        "loss_backward",
+        "head_backward",
+        "layer_backward",
+        "embedding_backward",
+        "optimizer_step",
+    }
 
     main(["--model", "gemma-3-27b", "--gpus", "8", "--gpu-memory-gb", "40", "--seq-len", "4096"])
     table = capsys.readouterr().out
@@ -273,7 +310,7 @@ def test_default_rank_fits_small_models(capsys):
 def _shape_file(name: str) -> str:
     from importlib import resources
 
-    return str(resources.files("logra_lightning.model_shapes").joinpath(f"{name}.json"))
+    return str(resources.files("logra_lightning.models.shapes").joinpath(f"{name}.json"))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -281,7 +318,8 @@ def test_cli_reads_a_saved_config_of_every_family(tmp_path, capsys, family):
     """``logra plan --model <dir>`` on the config.json transformers writes (all its extra keys)."""
     cfg = FAMILIES[family]
     AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"}).save_pretrained(
-        tmp_path)  # fmt: skip
+        tmp_path
+    )
     assert main(["--model", str(tmp_path), "--rank", "8", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model"]["model_type"] == cfg["model_type"]
@@ -311,8 +349,10 @@ def _write(tmp_path, family="qwen2_tied", **changes) -> str:
         (lambda p: ["--model", _write(p, moe_intermediate_size=64)], "moe_intermediate_size"),
         (lambda p: ["--model", _write(p, "qwen3_moe", decoder_sparse_step=2)], "decoder_sparse_step=2"),
         (lambda p: ["--model", _write(p, "qwen3_moe", mlp_only_layers=[0])], "mlp_only_layers=[0]"),
-        (lambda p: ["--model", _write(p, "qwen3_moe", shared_expert_intermediate_size=64)],
-         "shared_expert_intermediate_size=64"),
+        (
+            lambda p: ["--model", _write(p, "qwen3_moe", shared_expert_intermediate_size=64)],
+            "shared_expert_intermediate_size=64",
+        ),
         (lambda p: ["--model", _write(p, "qwen3_moe", model_type="qwen2_moe")], "its shared experts are not modelled"),
         (lambda p: ["--model", _write(p, "qwen3_moe", num_experts_per_tok=8)], "num_experts_per_tok=8"),
         (lambda p: ["--model", _write(p, "qwen3_moe", num_experts=None)], "'num_experts' is missing"),
@@ -356,7 +396,7 @@ def _fsdp2_worker(rank: int, cfg: dict, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from logra_lightning.fsdp import shard_policy
+    from logra_lightning.models.fsdp import shard_policy
     from logra_lightning.optim import grad_bytes, optimizer_state_bytes, param_bytes
 
     torch.set_num_threads(1)

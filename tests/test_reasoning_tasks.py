@@ -17,9 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logra_lightning.data import ChainArithmeticSource, CountdownSource, SortingSource
-from logra_lightning import reasoning_policy
-from logra_lightning.data import chain_arithmetic, countdown, sorting, splits
+from logra_lightning.builtin import reasoning as reasoning_policy
+from logra_lightning.data import (
+    ChainArithmeticSource,
+    CountdownSource,
+    SortingSource,
+    chain_arithmetic,
+    countdown,
+    sorting,
+    splits,
+)
 from logra_lightning.errors import ConfigError
 from logra_lightning.rewards import AnswerMatchReward, CountdownReward
 from logra_lightning.rewards import answer as answer_module
@@ -42,8 +49,12 @@ def test_splits_are_disjoint_deterministic_and_solved_by_their_reference(task: s
     source = SOURCES[task]
     train, test = source("train", **SMALL).load(), source("test", **SMALL).load()
     assert len(train) == 400 and len(test) == 64 and train == source("train", **SMALL).load()
-    key = (lambda r: r["prompt"]) if task != "countdown" else (  # countdown: the target and the numbers in any order
-        lambda r: (parse_problem(r["answer"])[0], tuple(sorted(parse_problem(r["answer"])[1]))))
+    key = (
+        (lambda r: r["prompt"])
+        if task != "countdown"
+        # countdown: the target and the numbers in any order
+        else (lambda r: (parse_problem(r["answer"])[0], tuple(sorted(parse_problem(r["answer"])[1]))))
+    )
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert source("test", **{**SMALL, "seed": 1}).load() != test
     assert _score(task, test, [" " + r["solution"] for r in test]) == [1.0] * len(test)
@@ -52,12 +63,18 @@ def test_splits_are_disjoint_deterministic_and_solved_by_their_reference(task: s
     assert 0.2 < prone < 0.65, prone  # a real split of the problems, so greedy sloppiness is partial
 
 
-@pytest.mark.parametrize(("source", "kwargs", "key"), [
-    (ChainArithmeticSource, {"split": "dev"}, "split"), (ChainArithmeticSource, {"digits": 5}, "digits"),
-    (ChainArithmeticSource, {"ops": "*"}, "ops"), (CountdownSource, {"max_number": 1}, "max_number"),
-    (CountdownSource, {"max_target": 0}, "max_target"), (SortingSource, {"length": 1}, "length"),
-    (SortingSource, {"train_size": 0}, "train_size"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("source", "kwargs", "key"),
+    [
+        (ChainArithmeticSource, {"split": "dev"}, "split"),
+        (ChainArithmeticSource, {"digits": 5}, "digits"),
+        (ChainArithmeticSource, {"ops": "*"}, "ops"),
+        (CountdownSource, {"max_number": 1}, "max_number"),
+        (CountdownSource, {"max_target": 0}, "max_target"),
+        (SortingSource, {"length": 1}, "length"),
+        (SortingSource, {"train_size": 0}, "train_size"),
+    ],
+)
 def test_bad_source_arguments_name_the_key(source, kwargs, key) -> None:
     with pytest.raises(ConfigError, match=rf"{source.__name__}\.{key}="):
         source(**kwargs)
@@ -97,7 +114,11 @@ def test_arithmetic_reward_accepts_the_answer_and_rejects_a_corrupted_one(a: int
     a, b = (max(a, b), min(a, b)) if op == "-" else (a, b)
     rec = chain_arithmetic.make_record(a, op, b)
     bad = rec["solution"][:-1] + str((int(rec["solution"][-1]) + wrong) % 10)
-    assert _score("arithmetic", [rec] * 3, [rec["solution"], bad, rec["solution"].replace("Answer:", "answer:")]) == [1.0, 0.0, 0.0]
+    assert _score("arithmetic", [rec] * 3, [rec["solution"], bad, rec["solution"].replace("Answer:", "answer:")]) == [
+        1.0,
+        0.0,
+        0.0,
+    ]
 
 
 @settings(max_examples=200, deadline=None)
@@ -126,13 +147,27 @@ def test_countdown_reference_reaches_the_target_and_a_changed_number_does_not(se
 
 def test_countdown_rules() -> None:
     problem = "46 from 7 25 3"
-    cases = {"25+(3*7)": 1.0, "(3*7)+25": 1.0, "25+21": 0.0, "7*7-3": 0.0, "(25-7)*3-8": 0.0, "25 + 3 * 7 ": 1.0,
-             "1/0": 0.0, "(25*3-7)/1": 0.0, "25+3*7.0": 0.0, "-3+25+3*7": 0.0, "2**5": 0.0, "": 0.0}  # fmt: skip
+    cases = {
+        "25+(3*7)": 1.0,
+        "(3*7)+25": 1.0,
+        "25+21": 0.0,
+        "7*7-3": 0.0,
+        "(25-7)*3-8": 0.0,
+        "25 + 3 * 7 ": 1.0,
+        "1/0": 0.0,
+        "(25*3-7)/1": 0.0,
+        "25+3*7.0": 0.0,
+        "-3+25+3*7": 0.0,
+        "2**5": 0.0,
+        "": 0.0,
+    }
     for expr, want in cases.items():
         assert countdown_score(f"3*7=21; Answer: {expr}", problem) == want, expr
     assert countdown_score("Answer: (7+25)/3*3+14", "46 from 7 25 3 3 14") == 1.0  # exact division
     assert countdown_score("no answer here", problem) == 0.0
-    assert countdown_score("Answer: " + "+".join(["1"] * 40), "40 " + "from" + " 1" * 40) == 0.0  # deeper than MAX_DEPTH
+    assert (
+        countdown_score("Answer: " + "+".join(["1"] * 40), "40 " + "from" + " 1" * 40) == 0.0
+    )  # deeper than MAX_DEPTH
     with pytest.raises(ValueError, match="is not '<target> from"):
         parse_problem("46: 7 25 3")
     with pytest.raises(ExpressionError, match="Call is not allowed"):
@@ -152,10 +187,20 @@ def test_countdown_scores_any_text_without_executing_it(text: str, monkeypatch, 
 
 def test_countdown_payloads_are_not_run(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    payloads = [f"__import__('os').system('touch {marker}')", f"open('{marker}', 'w')", "(lambda: 46)()",
-                "[46][0]", "7*7-3 or exit()", "9**9**9", "46 if 1 else 0", "'46'", "(46).real"]  # fmt: skip
-    assert CountdownReward()(["q"] * len(payloads), [f"Answer: {p}" for p in payloads], ["46 from 7 25 3"] * len(payloads)) \
-        == [0.0] * len(payloads)  # fmt: skip
+    payloads = [
+        f"__import__('os').system('touch {marker}')",
+        f"open('{marker}', 'w')",
+        "(lambda: 46)()",
+        "[46][0]",
+        "7*7-3 or exit()",
+        "9**9**9",
+        "46 if 1 else 0",
+        "'46'",
+        "(46).real",
+    ]
+    assert CountdownReward()(
+        ["q"] * len(payloads), [f"Answer: {p}" for p in payloads], ["46 from 7 25 3"] * len(payloads)
+    ) == [0.0] * len(payloads)
     assert not marker.exists()
 
 
@@ -166,8 +211,9 @@ def test_reward_arguments_are_checked() -> None:
         CountdownReward(max_chars=0)
 
 
-@pytest.mark.parametrize("module", [chain_arithmetic, countdown, sorting, splits, answer_module, countdown_reward,
-                                    reasoning_policy])
+@pytest.mark.parametrize(
+    "module", [chain_arithmetic, countdown, sorting, splits, answer_module, countdown_reward, reasoning_policy]
+)
 def test_docstring_examples_run(module) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
@@ -177,9 +223,11 @@ def test_docstring_examples_run(module) -> None:
 @pytest.fixture(scope="module")
 def tiny_reasoning_path(tmp_path_factory) -> str:
     """A random-init tiny Llama with the reasoning policy's tokenizer (trained here, about a second)."""
-    from logra_lightning.reasoning_policy import TINY_REASONING, ReasoningWarmupConfig, build_reasoning_model
+    from logra_lightning.builtin.reasoning import TINY_REASONING, ReasoningWarmupConfig, build_reasoning_model
 
-    return build_reasoning_model(tmp_path_factory.mktemp("reasoning") / "model", ReasoningWarmupConfig(model=TINY_REASONING))
+    return build_reasoning_model(
+        tmp_path_factory.mktemp("reasoning") / "model", ReasoningWarmupConfig(model=TINY_REASONING)
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -216,9 +264,9 @@ def test_builtin_reasoning_policy_is_registered_with_20m_parameters() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from logra_lightning.builtin.registry import BUILTIN_MODELS
+    from logra_lightning.config.checks import model_config
     from logra_lightning.models import build_char_tokenizer, tiny_qwen2_config
-    from logra_lightning.validation import model_config
-    from logra_lightning.warmup import BUILTIN_MODELS
 
     cfg = BUILTIN_MODELS["reasoning-20m"]
     with torch.device("meta"):
@@ -228,7 +276,7 @@ def test_builtin_reasoning_policy_is_registered_with_20m_parameters() -> None:
 
 
 def test_export_rebuilds_the_reasoning_base_with_its_bpe_tokenizer(tmp_path: Path) -> None:
-    from logra_lightning.export import base_model_dir
+    from logra_lightning.io.export import base_model_dir
     from logra_lightning.models import load_tokenizer
 
     tok = load_tokenizer(base_model_dir("builtin:reasoning-20m", tmp_path))  # config and tokenizer of the base
@@ -236,10 +284,16 @@ def test_export_rebuilds_the_reasoning_base_with_its_bpe_tokenizer(tmp_path: Pat
 
 
 def test_warm_up_writes_per_task_accuracy_and_sloppy_demonstrations(tmp_path: Path) -> None:
-    from logra_lightning.reasoning_policy import TINY_REASONING, ReasoningWarmupConfig, demonstrations, warm_up_reasoning
+    from logra_lightning.builtin.reasoning import (
+        TINY_REASONING,
+        ReasoningWarmupConfig,
+        demonstrations,
+        warm_up_reasoning,
+    )
 
-    cfg = ReasoningWarmupConfig(model=TINY_REASONING, steps=2, batch_size=4, test_size=8, tokenizer_texts=200,
-                                eval_max_new_tokens=4)  # fmt: skip
+    cfg = ReasoningWarmupConfig(
+        model=TINY_REASONING, steps=2, batch_size=4, test_size=8, tokenizer_texts=200, eval_max_new_tokens=4
+    )
     demos = demonstrations(cfg, random.Random(0))
     for task_demos, task in zip(demos, cfg.tasks):
         records = reasoning_policy.task_records(cfg, task, "train")
@@ -258,14 +312,16 @@ def test_warm_up_writes_per_task_accuracy_and_sloppy_demonstrations(tmp_path: Pa
 def test_a_second_stage_starts_from_its_first_stages_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from logra_lightning import warmup
+    from logra_lightning.builtin import registry as warmup
+    from logra_lightning.builtin.reasoning import TINY_REASONING, ReasoningWarmupConfig
     from logra_lightning.models import load_policy
-    from logra_lightning.reasoning_policy import TINY_REASONING, ReasoningWarmupConfig
 
     small = dict(model=TINY_REASONING, batch_size=2, test_size=4, tokenizer_texts=50, eval_max_new_tokens=2)
-    stages = {"first": ReasoningWarmupConfig(steps=1, **small),
-              "second": ReasoningWarmupConfig(init_from="first", steps=0, **small),
-              "other_tokenizer": ReasoningWarmupConfig(init_from="first", steps=0, **{**small, "tokenizer_texts": 20})}
+    stages = {
+        "first": ReasoningWarmupConfig(steps=1, **small),
+        "second": ReasoningWarmupConfig(init_from="first", steps=0, **small),
+        "other_tokenizer": ReasoningWarmupConfig(init_from="first", steps=0, **{**small, "tokenizer_texts": 20}),
+    }
     monkeypatch.setattr(warmup, "BUILTIN_MODELS", stages)
     monkeypatch.setenv("LOGRA_CACHE_DIR", str(tmp_path))
     second = warmup.resolve_model("builtin:second")
@@ -294,13 +350,35 @@ def test_config_asks_for_the_problems_the_policy_was_warmed_up_on(task: str) -> 
 def test_config_runs_rl_on_a_tiny_policy(task: str, tiny_reasoning_path: str, tmp_path: Path) -> None:
     from logra_lightning.cli import main
 
-    cli = main(["fit", "--config", str(ROOT / "configs" / f"reasoning_{task}.yaml"),
-                "--model.model", tiny_reasoning_path, "--model.engine", "logra_lightning.rollout.HFEngineSpec",
-                "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-                "--trainer.logger.init_args.save_dir", str(tmp_path), "--data.batch_size", "4",
-                "--model.group_size", "4", "--model.max_new_tokens", "8",
-                "--data.train.init_args.test_size", "16", "--data.val.init_args.test_size", "16",
-                "--data.train.init_args.train_size", "64"])  # fmt: skip
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / f"reasoning_{task}.yaml"),
+            "--model.model",
+            tiny_reasoning_path,
+            "--model.engine",
+            "logra_lightning.rollout.HFEngineSpec",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            "--data.batch_size",
+            "4",
+            "--model.group_size",
+            "4",
+            "--model.max_new_tokens",
+            "8",
+            "--data.train.init_args.test_size",
+            "16",
+            "--data.val.init_args.test_size",
+            "16",
+            "--data.train.init_args.train_size",
+            "64",
+        ]
+    )
     assert cli.trainer.global_step == 2
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     assert 0.0 <= summary["accuracy_after"] <= 1.0
@@ -316,8 +394,9 @@ def test_vllm_loads_the_directory_and_round_trips_task_text(tiny_reasoning_path:
     from logra_lightning.models import load_tokenizer
 
     tok = load_tokenizer(tiny_reasoning_path)
-    llm = LLM(model=tiny_reasoning_path, dtype="float32", max_model_len=96, kv_cache_memory_bytes=2**28,
-              enforce_eager=True)  # fmt: skip
+    llm = LLM(
+        model=tiny_reasoning_path, dtype="float32", max_model_len=96, kv_cache_memory_bytes=2**28, enforce_eager=True
+    )
     vtok = llm.get_tokenizer()
     text = "Make 46 from 7 25 3: 3*7=21, 25+21=46; Answer: 25+(3*7)\nSort 10  2:"
     assert vtok.encode(text) == tok.encode(text) and vtok.decode(vtok.encode(text)) == text

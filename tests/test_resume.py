@@ -61,8 +61,9 @@ def _fit_batches(ckpt_dir: Path, max_steps: int, stop_at: int | None = None, ckp
     module = _RecordBatches()
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_last=True, save_top_k=0)]
     callbacks += [_StopAt(stop_at)] if stop_at is not None else []
-    trainer = L.Trainer(max_steps=max_steps, callbacks=callbacks, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=max_steps, callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     try:
         trainer.fit(module, dm, ckpt_path=ckpt_path)
     except _Crash:
@@ -91,21 +92,36 @@ def _scalars(log_dir: Path) -> dict[str, dict[int, float]]:
 
 def _override(path: Path, save_dir: Path, kill_at: int | None) -> Path:
     callbacks = [
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"save_last": True, "every_n_train_steps": 1, "save_top_k": 0}},
-        {"class_path": "logra_lightning.callbacks.KLStepControl",
-         "init_args": {"target_kl": 1e-3, "sample_tokens": 32, "measure_every": 1}},
-    ]  # fmt: skip
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "every_n_train_steps": 1, "save_top_k": 0},
+        },
+        {
+            "class_path": "logra_lightning.callbacks.KLStepControl",
+            "init_args": {"target_kl": 1e-3, "sample_tokens": 32, "measure_every": 1},
+        },
+    ]
     if kill_at is not None:
         callbacks.append({"class_path": "fault_injection.ExitAtStep", "init_args": {"step": kill_at}})
     cfg = {
-        "trainer": {"max_steps": 4, "callbacks": callbacks, "enable_progress_bar": False,
-                    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                               "init_args": {"save_dir": str(save_dir), "name": "run"}}},
-        "model": {"group_size": 4, "optimizer": {"class_path": "logra_lightning.optim.LoGRA",
-                                                 "init_args": {"lr": 1e-3, "rank": 4, "update_proj_gap": 3}}},
+        "trainer": {
+            "max_steps": 4,
+            "callbacks": callbacks,
+            "enable_progress_bar": False,
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": str(save_dir), "name": "run"},
+            },
+        },
+        "model": {
+            "group_size": 4,
+            "optimizer": {
+                "class_path": "logra_lightning.optim.LoGRA",
+                "init_args": {"lr": 1e-3, "rank": 4, "update_proj_gap": 3},
+            },
+        },
         "data": {"batch_size": 4, "val": None},
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(cfg))
     return path
 

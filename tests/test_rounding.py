@@ -7,8 +7,12 @@ import torch
 
 from logra_lightning.optim import LoGRA
 from logra_lightning.optim.rounding import (
-    add_kahan, add_nearest, add_stochastic, lost_updates, stochastic_round_bf16,
-)  # fmt: skip
+    add_kahan,
+    add_nearest,
+    add_stochastic,
+    lost_updates,
+    stochastic_round_bf16,
+)
 
 
 def bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +90,9 @@ def test_logra_with_bf16_weights_applies_its_update_with_the_rule(mode):
     start = {k: v.float().clone() for k, v in bf16.state_dict().items()}
     fp32.load_state_dict(start)
     x = torch.randn(16, 32)
-    opts = [LoGRA(list(m.named_parameters()), lr=1e-4, rank=4, update_proj_gap=50, bf16_update=mode) for m in (fp32, bf16)]
+    opts = [
+        LoGRA(list(m.named_parameters()), lr=1e-4, rank=4, update_proj_gap=50, bf16_update=mode) for m in (fp32, bf16)
+    ]
     for _ in range(5):
         for model, opt, inp in zip((fp32, bf16), opts, (x, x.bfloat16())):
             model(inp).float().pow(2).mean().backward()
@@ -99,7 +105,9 @@ def test_logra_with_bf16_weights_applies_its_update_with_the_rule(mode):
     if mode == "kahan":
         total = w_bf16 + opts[1].state[bf16[0].weight]["bf16_comp"].double()
         assert ((total - w_fp32).abs() / ulp).max() < 0.5  # the bf16 gradients differ slightly; far below an ulp
-    assert ((w_bf16 - w_fp32).abs() / ulp).max() <= (5.0 if mode == "stochastic" else 2.0)  # <= 1 ulp per random rounding
+    assert ((w_bf16 - w_fp32).abs() / ulp).max() <= (
+        5.0 if mode == "stochastic" else 2.0
+    )  # <= 1 ulp per random rounding
     assert opts[1].low_precision_updates == 5 * sum(p.numel() for p in bf16.parameters())
     assert opts[0].low_precision_updates == 0 and opts[0].lost_updates == 0  # fp32 weights: plain fp32 adds
     if mode == "nearest":

@@ -23,16 +23,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import logra_lightning.module as module_mod
-from logra_lightning.checkpoint_io import check_checkpoint_path
-from logra_lightning.cli import error_line, main
+import logra_lightning.rl.module as module_mod
+from logra_lightning.cli import main
+from logra_lightning.cli.main import error_line
 from logra_lightning.errors import ConfigError, LograError
+from logra_lightning.io.checkpoint import check_checkpoint_path
 from logra_lightning.models import TinyModelConfig, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_adamw.yaml")
+
+
 def fast(n: int) -> settings:
-    return settings(max_examples=n, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=n, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -94,13 +99,22 @@ CONFIG_FILES = [
     ("binary", b"\xff\xfe\x00model", r"binary.yaml:1: not UTF-8 text"),
     ("unknown_key", "model:\n  grup_size: 4\n", r"grup_size"),
     ("wrong_type", "trainer:\n  max_steps: lots\n", r"trainer.max_steps: Expected a <class 'int'>. Got value: lots"),
-    ("duplicate", "trainer:\n  max_steps: 3\n  max_steps: 4\n",
-     r"duplicate.yaml:3:3: not valid YAML \(duplicate key 'max_steps' \(first on line 2\)"),
-    ("unset_env", "model:\n  group_size: ${oc.env:LOGRA_TEST_UNSET_VARIABLE}\n",
-     r"model.group_size: interpolation cannot be resolved: Environment variable 'LOGRA_TEST_UNSET_VARIABLE' not found "
-     r"\(--config .*unset_env.yaml\)"),
-    ("bad_reference", "model:\n  group_size: ${data.no_such_key}\n",
-     r"model.group_size: interpolation cannot be resolved: .*no_such_key"),
+    (
+        "duplicate",
+        "trainer:\n  max_steps: 3\n  max_steps: 4\n",
+        r"duplicate.yaml:3:3: not valid YAML \(duplicate key 'max_steps' \(first on line 2\)",
+    ),
+    (
+        "unset_env",
+        "model:\n  group_size: ${oc.env:LOGRA_TEST_UNSET_VARIABLE}\n",
+        r"model.group_size: interpolation cannot be resolved: Environment variable 'LOGRA_TEST_UNSET_VARIABLE' not found "
+        r"\(--config .*unset_env.yaml\)",
+    ),
+    (
+        "bad_reference",
+        "model:\n  group_size: ${data.no_such_key}\n",
+        r"model.group_size: interpolation cannot be resolved: .*no_such_key",
+    ),
 ]
 
 
@@ -174,9 +188,11 @@ def _model_case(kind: str, tmp: Path, good: Path) -> str:
         "no_weights": (("model.safetensors",), None),
         "truncated_weights": ((), {"model.safetensors": (good / "model.safetensors").read_bytes()[:5000]}),
         "no_tokenizer": (("tokenizer.json", "tokenizer_config.json"), None),
-        "missing_shard": (("model.safetensors",), {"model.safetensors.index.json":
-                                                   json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})}),
-    }  # fmt: skip
+        "missing_shard": (
+            ("model.safetensors",),
+            {"model.safetensors.index.json": json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})},
+        ),
+    }
     drop, edit = edits[kind]
     return str(_copy_model(good, tmp / kind, drop, edit))
 
@@ -208,17 +224,20 @@ def test_bad_model_path(kind, match, tmp_path, model_dir, capsys):
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ("Qwen/Not-Cached-Model", r"not in the local Hugging Face cache .*HF_HUB_OFFLINE is set.*hf download Qwen/Not-Cached-Model"),
+        (
+            "Qwen/Not-Cached-Model",
+            r"not in the local Hugging Face cache .*HF_HUB_OFFLINE is set.*hf download Qwen/Not-Cached-Model",
+        ),
         ("builtin:arithmetic-huge", r"unknown built-in model; choose one of \['arithmetic-tiny'"),
         ("", r"expected a model name or path"),
     ],
-)  # fmt: skip
+)
 def test_bad_model_name(spec, match, capsys):
     assert re.search(match, console(["fit", "--config", CONFIG, "--model.model", spec], capsys))
 
 
 def test_good_model_dir_passes_the_check(model_dir):
-    from logra_lightning.model_paths import check_model_spec
+    from logra_lightning.config.model_spec import check_model_spec
 
     check_model_spec(str(model_dir))  # a directory build_tiny_model wrote is a model
 
@@ -279,7 +298,11 @@ def test_whole_checkpoint_passes_the_check(real_ckpt):
 DATA_CASES = [
     ("missing", None, r"/no/such/data.jsonl: data file not found \(JSONLSource.path\)"),
     ("dir", "DIR", r"is a directory, not a data file"),
-    ("bad_json", '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=" "answer": "4"}\n', r"data.jsonl:2: invalid JSON"),
+    (
+        "bad_json",
+        '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=" "answer": "4"}\n',
+        r"data.jsonl:2: invalid JSON",
+    ),
     ("missing_field", '{"prompt": "1+1="}\n', r"data.jsonl:1: missing field\(s\) \['answer'\]"),
     ("null_field", '{"prompt": null, "answer": "2"}\n', r"data.jsonl:1: field\(s\) \['prompt'\] are null"),
     ("empty", "", r"data.jsonl: no records \(the file is empty\)"),
@@ -296,8 +319,17 @@ def test_bad_data_file(name, text, match, tmp_path, capsys):
         path.write_bytes(text)
     elif text is not None:
         path.write_text(text)
-    args = ["fit", "--config", CONFIG, "--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", str(path),
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        CONFIG,
+        "--data.train",
+        "logra_lightning.data.JSONLSource",
+        "--data.train.path",
+        str(path),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+    ]
     assert re.search(match, console(args, capsys))
 
 
@@ -313,19 +345,26 @@ def test_vllm_engine_without_vllm(monkeypatch, capsys):
 # ------------------------------------------------------------------ the console itself
 def _logra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "logra_lightning", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=180)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "logra_lightning", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=180
+    )
 
 
 @pytest.mark.parametrize(
     "args, match",
     [
         (["fit", "--config", "configs/no_such.yaml"], "logra: error: --config configs/no_such.yaml: no such file"),
-        (["fit", "--config", CONFIG, "--model.model", "/no/such/model"], "logra: error: model.model='/no/such/model': no such"),
+        (
+            ["fit", "--config", CONFIG, "--model.model", "/no/such/model"],
+            "logra: error: model.model='/no/such/model': no such",
+        ),
         (["fit", "--config", CONFIG, "--ckpt_path", __file__], "not a PyTorch checkpoint"),
-        (["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"], "logra: error: --ckpt_path /no/such.ckpt: no such"),
+        (
+            ["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"],
+            "logra: error: --ckpt_path /no/such.ckpt: no such",
+        ),
     ],
-)  # fmt: skip
+)
 def test_console_prints_one_line_and_exits_2(args, match):
     proc = _logra(*args)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -355,13 +394,22 @@ def test_any_broken_config_file_is_one_line(tmp_path_factory, capsys, content):
 
 
 _LEAF = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=6))
-_TREE = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                     max_leaves=6)  # fmt: skip
+_TREE = st.recursive(
+    _LEAF,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @fast(25)
-@given(st.dictionaries(st.sampled_from(["trainer", "model", "data", "seed_everything", "ckpt_path", "optimizer", "x"]),
-                       _TREE, min_size=1, max_size=4))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["trainer", "model", "data", "seed_everything", "ckpt_path", "optimizer", "x"]),
+        _TREE,
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_any_malformed_config_mapping_is_one_line(tmp_path_factory, capsys, doc):
     path = tmp_path_factory.mktemp("cfg") / "random.yaml"
     path.write_text(json.dumps(doc))  # JSON is YAML
@@ -369,16 +417,21 @@ def test_any_malformed_config_mapping_is_one_line(tmp_path_factory, capsys, doc)
 
 
 BAD_VALUES = {  # key -> values that are wrong for it (type or range)
-    "trainer.max_steps": st.one_of(st.text(min_size=1, max_size=8).filter(lambda s: not s.strip().lstrip("-").isdigit()),
-                                   st.lists(st.integers(), min_size=1, max_size=2)),
+    "trainer.max_steps": st.one_of(
+        st.text(min_size=1, max_size=8).filter(lambda s: not s.strip().lstrip("-").isdigit()),
+        st.lists(st.integers(), min_size=1, max_size=2),
+    ),
     "data.batch_size": st.one_of(st.integers(-5, 0), st.text(alphabet="abc", min_size=1, max_size=5)),
     "model.group_size": st.integers(-5, 0),
     "model.max_new_tokens": st.integers(-5, 0),
     "model.top_p": st.floats(1.01, 10) | st.floats(-10, 0),
-    "model.model": st.one_of(st.just(""), st.text(alphabet="abc/._-", min_size=1, max_size=12).map(lambda s: "./" + s),
-                             st.from_regex(r"\Abuiltin:[a-z]{1,6}\Z")),
+    "model.model": st.one_of(
+        st.just(""),
+        st.text(alphabet="abc/._-", min_size=1, max_size=12).map(lambda s: "./" + s),
+        st.from_regex(r"\Abuiltin:[a-z]{1,6}\Z"),
+    ),
     "model.optimizer.init_args.lr": st.floats(max_value=-1e-9) | st.sampled_from([float("nan"), float("inf")]),
-}  # fmt: skip
+}
 
 
 @fast(30)
@@ -425,8 +478,17 @@ def test_any_bad_data_lines_are_one_line(tmp_path_factory, capsys, lines):
         return
     except LograError:
         pass
-    args = ["fit", "--config", CONFIG, "--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", str(path),
-            "--trainer.logger.init_args.save_dir", str(path.parent / "runs")]  # fmt: skip
+    args = [
+        "fit",
+        "--config",
+        CONFIG,
+        "--data.train",
+        "logra_lightning.data.JSONLSource",
+        "--data.train.path",
+        str(path),
+        "--trainer.logger.init_args.save_dir",
+        str(path.parent / "runs"),
+    ]
     line = console(args, capsys)
     assert line.startswith(f"logra: error: {path}"), line
 
@@ -438,26 +500,41 @@ LOGRA_CONFIG = str(ROOT / "configs" / "arithmetic_tiny_logra.yaml")
 @pytest.mark.parametrize(
     "groups, config, match",
     [
-        ([{"params": [0, 1], "lr": 1e-4}], LOGRA_CONFIG,
-         r"its optimizer state was written by a dense optimizer \(no low-rank groups\), but model.optimizer is LoGRA "
-         r"with rank 16; resume with the optimizer settings that wrote it"),
-        ([{"params": [0], "rank": 16}, {"params": [1], "rank": None}], CONFIG,
-         r"written by LoGRA \(rank 16\), but model.optimizer is AdamW \(dense\)"),
-        ([{"params": [0], "rank": 8}, {"params": [1], "rank": None}], LOGRA_CONFIG,
-         r"its LoGRA state has rank 8, but model.optimizer.init_args.rank=16; .*logra export --ckpt_path"),
+        (
+            [{"params": [0, 1], "lr": 1e-4}],
+            LOGRA_CONFIG,
+            r"its optimizer state was written by a dense optimizer \(no low-rank groups\), but model.optimizer is LoGRA "
+            r"with rank 16; resume with the optimizer settings that wrote it",
+        ),
+        (
+            [{"params": [0], "rank": 16}, {"params": [1], "rank": None}],
+            CONFIG,
+            r"written by LoGRA \(rank 16\), but model.optimizer is AdamW \(dense\)",
+        ),
+        (
+            [{"params": [0], "rank": 8}, {"params": [1], "rank": None}],
+            LOGRA_CONFIG,
+            r"its LoGRA state has rank 8, but model.optimizer.init_args.rank=16; .*logra export --ckpt_path",
+        ),
     ],
     ids=["adamw_ckpt_logra_config", "logra_ckpt_adamw_config", "other_rank"],
 )
 def test_resume_with_another_optimizer(groups, config, match, tmp_path, capsys):
     """Before: 'loaded state dict has a different number of parameter groups' from deep inside Lightning."""
     path = tmp_path / "run.ckpt"
-    torch.save({"state_dict": {}, "optimizer_states": [{"state": {}, "param_groups": groups}],
-                "hyper_parameters": {"model": "builtin:arithmetic-tiny"}}, path)  # fmt: skip
+    torch.save(
+        {
+            "state_dict": {},
+            "optimizer_states": [{"state": {}, "param_groups": groups}],
+            "hyper_parameters": {"model": "builtin:arithmetic-tiny"},
+        },
+        path,
+    )
     assert re.search(match, console(["fit", "--config", config, "--ckpt_path", str(path)], capsys))
 
 
 def test_resume_says_which_settings_the_checkpoint_replaces(tmp_path, monkeypatch):
-    from logra_lightning import cli
+    from logra_lightning.cli import lightning_cli as cli
 
     said = []
     monkeypatch.setattr(cli, "rank_zero_warn", said.append)

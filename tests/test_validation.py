@@ -17,12 +17,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import logra_lightning.module as module_mod
-from logra_lightning.cli import LograCLI, main
+import logra_lightning.rl.module as module_mod
+from logra_lightning.cli import main
+from logra_lightning.cli.lightning_cli import LograCLI
+from logra_lightning.config.checks import matrix_shapes, model_config, validate_fit_config
 from logra_lightning.data import GSM8KSource, JSONLSource, PromptDataModule
 from logra_lightning.errors import ConfigError, DataError, LograError
-from logra_lightning.module import PolicyGradientModule
-from logra_lightning.validation import matrix_shapes, model_config, validate_fit_config
+from logra_lightning.rl.module import PolicyGradientModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_adamw.yaml")
@@ -42,21 +43,32 @@ def no_model(monkeypatch):
 @pytest.mark.parametrize(
     "override, match",
     [
-        ([*LOGRA, "--model.optimizer.init_args.rank", "200"],
-         r"model.optimizer.init_args.rank=200: larger than the smaller side of model.embed_tokens.weight \[128, 256\] "
-         r"in builtin:arithmetic-tiny; allowed 1 <= rank <= 128"),
+        (
+            [*LOGRA, "--model.optimizer.init_args.rank", "200"],
+            r"model.optimizer.init_args.rank=200: larger than the smaller side of model.embed_tokens.weight \[128, 256\] "
+            r"in builtin:arithmetic-tiny; allowed 1 <= rank <= 128",
+        ),
         ([*LOGRA, "--model.optimizer.init_args.rank", "0"], r"model.optimizer.init_args.rank=0: allowed integers >= 1"),
         (["--model.optimizer.init_args.lr=-0.001"], r"optimizer.init_args.lr=-0.001: allowed finite numbers >= 0"),
         (["--model.optimizer.init_args.lr", ".nan"], r"model.optimizer.init_args.lr=nan: allowed finite numbers >= 0"),
-        ([*KL, "--trainer.callbacks.target_kl", "0"],
-         r"trainer.callbacks\[1\].init_args.target_kl=0.0: allowed finite numbers > 0"),
+        (
+            [*KL, "--trainer.callbacks.target_kl", "0"],
+            r"trainer.callbacks\[1\].init_args.target_kl=0.0: allowed finite numbers > 0",
+        ),
         ([*KL, "--trainer.callbacks.target_kl=-1e-3"], r"target_kl=-0.001: allowed finite numbers > 0"),
-        (["--model.engine", "logra_lightning.rollout.VLLMEngineSpec", "--model.engine.init_args.max_model_len", "5"],
-         r"model.engine.init_args.max_model_len=5: allowed null or integers > model.max_new_tokens=5"),
-        (["--trainer.callbacks+=logra_lightning.callbacks.LowRankWeightSync", "--trainer.callbacks.full_sync_every=-1"],
-         r"invalid config value: ValueError: Invalid full_sync_every: -1"),  # any constructor's ValueError
+        (
+            ["--model.engine", "logra_lightning.rollout.VLLMEngineSpec", "--model.engine.init_args.max_model_len", "5"],
+            r"model.engine.init_args.max_model_len=5: allowed null or integers > model.max_new_tokens=5",
+        ),
+        (
+            [
+                "--trainer.callbacks+=logra_lightning.callbacks.LowRankWeightSync",
+                "--trainer.callbacks.full_sync_every=-1",
+            ],
+            r"invalid config value: ValueError: Invalid full_sync_every: -1",
+        ),  # any constructor's ValueError
     ],
-)  # fmt: skip
+)
 def test_bad_config_values_fail_before_any_model_is_built(override, match, no_model):
     with pytest.raises(ConfigError, match=match):
         main(["fit", "--config", CONFIG, *override])
@@ -64,12 +76,32 @@ def test_bad_config_values_fail_before_any_model_is_built(override, match, no_mo
 
 def test_rank_check_follows_include_and_exclude(no_model):
     # Without the embeddings (vocab 128) the smallest low-rank side is the hidden size, 256.
-    cli = LograCLI(args=["--config", CONFIG, *LOGRA, "--model.optimizer.init_args.rank", "200",
-                         "--model.optimizer.init_args.exclude", "[embed_tokens, lm_head]"], run=False)  # fmt: skip
+    cli = LograCLI(
+        args=[
+            "--config",
+            CONFIG,
+            *LOGRA,
+            "--model.optimizer.init_args.rank",
+            "200",
+            "--model.optimizer.init_args.exclude",
+            "[embed_tokens, lm_head]",
+        ],
+        run=False,
+    )
     assert cli.model.hparams.group_size == 8  # instantiated: the rank was accepted
     with pytest.raises(ConfigError, match=r"rank=257: .*model.layers.0.self_attn.q_proj.weight \[256, 256\]"):
-        main(["fit", "--config", CONFIG, *LOGRA, "--model.optimizer.init_args.rank", "257",
-              "--model.optimizer.init_args.exclude", "[embed_tokens, lm_head]"])  # fmt: skip
+        main(
+            [
+                "fit",
+                "--config",
+                CONFIG,
+                *LOGRA,
+                "--model.optimizer.init_args.rank",
+                "257",
+                "--model.optimizer.init_args.exclude",
+                "[embed_tokens, lm_head]",
+            ]
+        )
 
 
 def test_matrix_shapes_match_the_real_model(tiny_policy_path):
@@ -89,22 +121,28 @@ def test_prompt_longer_than_engine_context_fails_before_the_policy_is_built(tmp_
     monkeypatch.setattr(module_mod, "load_policy", lambda *a, **k: pytest.fail("the policy was built"))
     module = PolicyGradientModule(engine=VLLMEngineSpec(max_model_len=16), max_new_tokens=5)
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    match = (r"model.engine.init_args.max_model_len=16: too short for 1 training prompt\(s\); "
-             r"the longest, #1 \('12345\+67890='...\), has 12 tokens .* needs 17")  # fmt: skip
+    match = (
+        r"model.engine.init_args.max_model_len=16: too short for 1 training prompt\(s\); "
+        r"the longest, #1 \('12345\+67890='...\), has 12 tokens .* needs 17"
+    )
     with pytest.raises(ConfigError, match=match):
         trainer.fit(module, PromptDataModule(JSONLSource(str(data)), batch_size=2))
 
 
 # ------------------------------------------------------------- properties
-CONFIG_VALUES = st.fixed_dictionaries({  # each value: in range about half the time, else anything
-    "lr": st.one_of(st.floats(0, 1), st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5)),
-    "rank": st.one_of(st.none(), st.integers(1, 128), st.integers(-3, 300)),
-    "betas": st.one_of(st.lists(st.floats(0, 0.999), min_size=2, max_size=2), st.lists(st.floats(-1, 2), max_size=3)),
-    "target_kl": st.one_of(st.floats(1e-6, 1), st.floats(allow_nan=True, allow_infinity=True)),
-    "max_model_len": st.one_of(st.none(), st.integers(31, 64), st.integers(-2, 40)),
-    "max_new_tokens": st.integers(1, 30),
-    "exclude_embeddings": st.booleans(),
-})  # fmt: skip
+CONFIG_VALUES = st.fixed_dictionaries(
+    {  # each value: in range about half the time, else anything
+        "lr": st.one_of(st.floats(0, 1), st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5)),
+        "rank": st.one_of(st.none(), st.integers(1, 128), st.integers(-3, 300)),
+        "betas": st.one_of(
+            st.lists(st.floats(0, 0.999), min_size=2, max_size=2), st.lists(st.floats(-1, 2), max_size=3)
+        ),
+        "target_kl": st.one_of(st.floats(1e-6, 1), st.floats(allow_nan=True, allow_infinity=True)),
+        "max_model_len": st.one_of(st.none(), st.integers(31, 64), st.integers(-2, 40)),
+        "max_new_tokens": st.integers(1, 30),
+        "exclude_embeddings": st.booleans(),
+    }
+)
 
 
 def _fit_config(v: dict) -> dict:
@@ -112,14 +150,22 @@ def _fit_config(v: dict) -> dict:
     if v["exclude_embeddings"]:
         opt_args["exclude"] = ["embed_tokens", "lm_head"]
     return {
-        "trainer": {"callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {}},
-                                  {"class_path": "logra_lightning.callbacks.KLStepControl",
-                                   "init_args": {"target_kl": v["target_kl"]}}]},
-        "model": {"model": "builtin:arithmetic-tiny", "max_new_tokens": v["max_new_tokens"],
-                  "optimizer": {"class_path": "logra_lightning.optim.LoGRA", "init_args": opt_args},
-                  "engine": {"class_path": "logra_lightning.rollout.VLLMEngineSpec",
-                             "init_args": {"max_model_len": v["max_model_len"]}}},
-    }  # fmt: skip
+        "trainer": {
+            "callbacks": [
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {}},
+                {"class_path": "logra_lightning.callbacks.KLStepControl", "init_args": {"target_kl": v["target_kl"]}},
+            ]
+        },
+        "model": {
+            "model": "builtin:arithmetic-tiny",
+            "max_new_tokens": v["max_new_tokens"],
+            "optimizer": {"class_path": "logra_lightning.optim.LoGRA", "init_args": opt_args},
+            "engine": {
+                "class_path": "logra_lightning.rollout.VLLMEngineSpec",
+                "init_args": {"max_model_len": v["max_model_len"]},
+            },
+        },
+    }
 
 
 def _violations(v: dict) -> set[str]:
@@ -157,10 +203,20 @@ def test_random_config_values_pass_or_fail_naming_a_bad_key(values):
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    key=st.sampled_from(["model.group_size", "data.batch_size", "model.max_new_tokens", "model.ppo_epochs",
-                         "model.temperature", "model.top_p", "model.optimizer.init_args.lr", "model.kl_coef"]),
+    key=st.sampled_from(
+        [
+            "model.group_size",
+            "data.batch_size",
+            "model.max_new_tokens",
+            "model.ppo_epochs",
+            "model.temperature",
+            "model.top_p",
+            "model.optimizer.init_args.lr",
+            "model.kl_coef",
+        ]
+    ),
     value=st.one_of(st.integers(-3, 3), st.floats(-2, 2), st.sampled_from([math.nan, math.inf])),
-)  # fmt: skip
+)
 def test_random_cli_values_instantiate_or_fail_with_a_logra_error(key, value, no_model):
     if key.split(".")[-1] in ("group_size", "batch_size", "max_new_tokens", "ppo_epochs"):
         value = int(value) if math.isfinite(value) else 0
@@ -202,11 +258,31 @@ def _line(kind: str, source: str, text: str) -> bytes:
 
 # What each loader accepts (None: skipped), from the module docstrings.
 ACCEPTS = {
-    "jsonl": {"good": True, "good_number": True, "blank": None, "wrong_type": True, "empty_field": True,
-              "no_final_answer": True, "missing": False, "not_object": False, "bad_json": False, "bad_utf8": False},
-    "gsm8k": {"good": True, "good_number": True, "blank": None, "wrong_type": False, "empty_field": False,
-              "no_final_answer": False, "missing": False, "not_object": False, "bad_json": False, "bad_utf8": False},
-}  # fmt: skip
+    "jsonl": {
+        "good": True,
+        "good_number": True,
+        "blank": None,
+        "wrong_type": True,
+        "empty_field": True,
+        "no_final_answer": True,
+        "missing": False,
+        "not_object": False,
+        "bad_json": False,
+        "bad_utf8": False,
+    },
+    "gsm8k": {
+        "good": True,
+        "good_number": True,
+        "blank": None,
+        "wrong_type": False,
+        "empty_field": False,
+        "no_final_answer": False,
+        "missing": False,
+        "not_object": False,
+        "bad_json": False,
+        "bad_utf8": False,
+    },
+}
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

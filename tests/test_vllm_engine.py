@@ -29,7 +29,7 @@ from logra_lightning.optim import LoGRA
 from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
 from logra_lightning.rollout.vllm import VLLMEngineSpec, import_vllm
 from logra_lightning.rollout.vllm_worker import add_through_loader_, trace_targets
-from logra_lightning.sync_wire import pack_payload, unpack_payload
+from logra_lightning.sync.wire import pack_payload, unpack_payload
 
 torch.set_num_threads(1)
 
@@ -68,7 +68,7 @@ def test_payload_round_trip():
     assert (got.name, got.c, got.basis, got.version) == ("a.weight", 0.99, None, None)
     torch.testing.assert_close(got.left, big[:, :2])
     torch.testing.assert_close(got.right, updates[0].right)
-    (dname, dval), = unpack_payload(payload)[1]
+    ((dname, dval),) = unpack_payload(payload)[1]
     assert dname == "a.bias" and dval.dtype == torch.bfloat16 and torch.equal(dval, dense[0][1])
     from safetensors.torch import save
 
@@ -105,8 +105,13 @@ def fake_tp(rank: int, size: int):
 class _Layers(torch.nn.Module):
     """Bare vLLM layers with a Llama-style ``load_weights`` (HF name -> fused param + shard)."""
 
-    STACKED = {"q_proj": ("qkv", "q"), "k_proj": ("qkv", "k"), "v_proj": ("qkv", "v"), "gate_proj": ("gate_up", 0),
-               "up_proj": ("gate_up", 1)}  # fmt: skip
+    STACKED = {
+        "q_proj": ("qkv", "q"),
+        "k_proj": ("qkv", "k"),
+        "v_proj": ("qkv", "v"),
+        "gate_proj": ("gate_up", 0),
+        "up_proj": ("gate_up", 1),
+    }
 
     def __init__(self, hidden, hs, heads, kv_heads, inter, vocab):
         from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -145,8 +150,9 @@ def test_inplace_updates_through_vllm_loaders_match_loading_the_updated_tensors(
         "v_proj.weight": torch.randn(kv_heads * hs, hidden, generator=g),
         "gate_proj.weight": torch.randn(inter, hidden, generator=g),
         "up_proj.weight": torch.randn(inter, hidden, generator=g),
-        "down.weight": torch.randn(hidden, inter, generator=g), "emb.weight": torch.randn(vocab, hidden, generator=g),
-    }  # fmt: skip
+        "down.weight": torch.randn(hidden, inter, generator=g),
+        "emb.weight": torch.randn(vocab, hidden, generator=g),
+    }
     ups = {k: (torch.randn(w.shape[0], r, generator=g), torch.randn(r, w.shape[1], generator=g)) for k, w in hf.items()}
     new = {k: 0.97 * w + ups[k][0] @ ups[k][1] for k, w in hf.items()}
     fused = {"qkv_proj.weight": torch.cat([hf[f"{s}_proj.weight"] for s in "qkv"])}
@@ -154,7 +160,10 @@ def test_inplace_updates_through_vllm_loaders_match_loading_the_updated_tensors(
 
     for rank in range(size):
         with fake_tp(rank, size):
-            layers, expected = _Layers(hidden, hs, heads, kv_heads, inter, vocab), _Layers(hidden, hs, heads, kv_heads, inter, vocab)
+            layers, expected = (
+                _Layers(hidden, hs, heads, kv_heads, inter, vocab),
+                _Layers(hidden, hs, heads, kv_heads, inter, vocab),
+            )
         layers.load_weights(hf.items())
         expected.load_weights(new.items())
         before = {n: p.detach().clone() for n, p in layers.named_parameters()}
@@ -166,13 +175,17 @@ def test_inplace_updates_through_vllm_loaders_match_loading_the_updated_tensors(
             params = [getattr(getattr(layers, m), a) for m, a in targets[name]]
             add_through_loader_(params, lambda t, name=name: layers.load_weights([(name, t)]), 0.97, left @ right)
         for m in ("qkv", "gate_up", "down", "emb"):
-            torch.testing.assert_close(getattr(layers, m).weight, getattr(expected, m).weight,
-                                       msg=lambda msg: f"{m} rank {rank}: {msg}")  # fmt: skip
+            torch.testing.assert_close(
+                getattr(layers, m).weight, getattr(expected, m).weight, msg=lambda msg: f"{m} rank {rank}: {msg}"
+            )
         # an already-fused HF tensor (Phi-3's qkv_proj) lands on all three shards
-        expected.load_weights([("qkv_proj.weight", 0.5 * torch.cat([new[f"{s}_proj.weight"] for s in "qkv"])
-                                + fused_up[0] @ fused_up[1])])  # fmt: skip
+        expected.load_weights(
+            [("qkv_proj.weight", 0.5 * torch.cat([new[f"{s}_proj.weight"] for s in "qkv"]) + fused_up[0] @ fused_up[1])]
+        )
         params = [layers.qkv.weight]
-        add_through_loader_(params, lambda t: layers.load_weights([("qkv_proj.weight", t)]), 0.5, fused_up[0] @ fused_up[1])
+        add_through_loader_(
+            params, lambda t: layers.load_weights([("qkv_proj.weight", t)]), 0.5, fused_up[0] @ fused_up[1]
+        )
         torch.testing.assert_close(layers.qkv.weight, expected.qkv.weight)
     with pytest.raises(ValueError, match="wrote nothing"):
         add_through_loader_([layers.down.weight], lambda t: None, 1.0, torch.ones(hidden, inter))
@@ -190,7 +203,9 @@ def engine_env(tmp_path_factory):
     """Tiny Qwen2 (4 layers, head dim 64) with tied embeddings, like the small Qwen2.5 models."""
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
-    env = start_engine(build_tiny_model(tmp_path_factory.mktemp("tiny_vllm"), TinyModelConfig(tie_word_embeddings=True)))
+    env = start_engine(
+        build_tiny_model(tmp_path_factory.mktemp("tiny_vllm"), TinyModelConfig(tie_word_embeddings=True))
+    )
     yield env
     env.engine.close()
 
@@ -303,8 +318,11 @@ def test_worker_errors_surface_and_leave_weights_untouched(engine_env):
 def test_parameters_vllm_would_not_load_are_named_at_start_up(engine_env):
     """What the engine checks at start-up: every trainer name (and shape) must land in a vLLM parameter."""
     eng = engine_env.engine
-    expected = [("model.layers.0.self_attn.q_proj.weight", (128, 128)), ("model.layers.0.mlp.nope.weight", (4, 4)),
-                ("model.norm.weight", (7,))]  # fmt: skip
+    expected = [
+        ("model.layers.0.self_attn.q_proj.weight", (128, 128)),
+        ("model.layers.0.mlp.nope.weight", (4, 4)),
+        ("model.norm.weight", (7,)),
+    ]
     info = eng._rpc("logra_init", "auto", expected)[0]
     assert info["unplaced"] == [["model.layers.0.mlp.nope.weight", [4, 4]], ["model.norm.weight", [7]]]
     assert info["model_class"] == "Qwen2ForCausalLM"
@@ -342,7 +360,9 @@ class DigitRL(L.LightningModule):
         return out
 
     def training_step(self, batch, batch_idx):
-        rollout = self.engine.generate(_prompts(self.tok), n=4, sampling=SamplingConfig(max_new_tokens=8, seed=batch_idx))
+        rollout = self.engine.generate(
+            _prompts(self.tok), n=4, sampling=SamplingConfig(max_new_tokens=8, seed=batch_idx)
+        )
         self.last_rollout = rollout
         logps = self._token_logprobs(rollout)
         diff = torch.cat([(lp.detach() - torch.tensor(e)).abs() for lp, e in zip(logps, rollout.logprobs)])
@@ -369,8 +389,15 @@ def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engin
     policy, _ = load_policy(env.path)
     start = copy.deepcopy(policy)
     module, sync = DigitRL(policy, env.tok, env.engine), LowRankWeightSync(full_sync_every=0)
-    trainer = L.Trainer(max_steps=50, logger=False, callbacks=[sync], enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=50,
+        logger=False,
+        callbacks=[sync],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+    )
     trainer.fit(module)
 
     assert sync.full_syncs == 1 and sync.lowrank_syncs == 50
@@ -388,6 +415,8 @@ def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engin
     assert math.isclose(sync.total_bytes, dense_bytes + 6 * rank_bytes + 44 * coef_bytes)
     assert rank_bytes / dense_bytes <= 0.15 and coef_bytes / dense_bytes <= 0.08
     assert maxes.max() <= 1e-4, f"engine drifted: per-step max |diff| {maxes.tolist()}"
-    print(f"\n50 low-rank syncs: worst per-step mean |diff| {means.max():.2e}, worst max |diff| {maxes.max():.2e}, "
-          f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f} with bases, "
-          f"{coef_bytes / dense_bytes:.4f} coefficients only")  # with -s
+    print(
+        f"\n50 low-rank syncs: worst per-step mean |diff| {means.max():.2e}, worst max |diff| {maxes.max():.2e}, "
+        f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f} with bases, "
+        f"{coef_bytes / dense_bytes:.4f} coefficients only"
+    )  # with -s

@@ -14,15 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from logra_lightning import warmup
+from logra_lightning.builtin import registry as warmup
 from logra_lightning.data.arithmetic import ArithmeticSource, ones_carry
+from logra_lightning.kl.probe import ProbeCache, probe_positions, weights_version
 from logra_lightning.optim import LoGRA, logra_param_groups
-from logra_lightning.probe import ProbeCache, probe_positions, weights_version
 
 
 def test_ones_carry_covers_every_operation() -> None:
     assert [ones_carry(p) for p in ("37+48=", "31+48=", "5+5=", "31-48=", "48-31=", "3*4=", "3*3=")] == [
-        True, False, True, True, False, True, False]  # fmt: skip
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match="not an arithmetic prompt"):
         ones_carry("what is 2+2?")
 
@@ -79,10 +86,11 @@ def test_probe_cache_is_invalidated_by_logra_perturbation_and_step() -> None:
 def test_module_probe_base_logits_come_from_the_old_logprob_pass(tiny_policy_path: str) -> None:
     """The cached base equals a fresh forward on the probed rows, and is used only at unchanged weights."""
     from logra_lightning import PolicyGradientModule
-    from logra_lightning.sequences import pack_sequences
+    from logra_lightning.rl.trajectory import pack_sequences
 
-    module = PolicyGradientModule(tiny_policy_path, group_size=2, micro_batch_size=3,
-                                  optimizer=partial(torch.optim.AdamW, lr=1e-3))  # fmt: skip
+    module = PolicyGradientModule(
+        tiny_policy_path, group_size=2, micro_batch_size=3, optimizer=partial(torch.optim.AdamW, lr=1e-3)
+    )
     module.setup("fit")
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 60) for _ in range(rng.randrange(3, 7))] for _ in range(8)]
@@ -102,7 +110,7 @@ def test_module_probe_base_logits_come_from_the_old_logprob_pass(tiny_policy_pat
 
 _RESOLVE = """
 import dataclasses, sys
-from logra_lightning import warmup
+from logra_lightning.builtin import registry as warmup
 warmup.BUILTIN_MODELS["lock-test"] = dataclasses.replace(warmup.BUILTIN_MODELS["arithmetic-tiny-raw"], steps=3, test_size=8)
 print("PATH", warmup.resolve_model("builtin:lock-test"), flush=True)
 """
@@ -117,8 +125,9 @@ def test_parallel_processes_build_a_builtin_policy_once(tmp_path) -> None:
     env = dict(os.environ, LOGRA_CACHE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
     cfg = dataclasses.replace(warmup.BUILTIN_MODELS["arithmetic-tiny-raw"], steps=3, test_size=8)
     (tmp_path / f"lock-test-{warmup._key(cfg)}.tmp999999999").mkdir()  # no such pid
-    procs = [subprocess.Popen([sys.executable, "-c", _RESOLVE], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RESOLVE], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     paths = {line.split(" ", 1)[1] for out in outs for line in out.splitlines() if line.startswith("PATH ")}

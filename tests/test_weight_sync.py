@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+
 import lightning as L
 import pytest
 import torch
@@ -106,10 +107,16 @@ class PhaseRecorder(L.Callback):
 def fit(module, steps: int, callbacks=(), ckpt_path=None, default_root_dir=None) -> tuple[L.Trainer, ListLogger]:
     logger = ListLogger()
     trainer = L.Trainer(
-        max_steps=steps, logger=logger, callbacks=list(callbacks), enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        accelerator="cpu", default_root_dir=default_root_dir, log_every_n_steps=1,
-    )  # fmt: skip
+        max_steps=steps,
+        logger=logger,
+        callbacks=list(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        accelerator="cpu",
+        default_root_dir=default_root_dir,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, ckpt_path=ckpt_path)
     return trainer, logger
 
@@ -260,7 +267,7 @@ def test_engine_refuses_a_coefficient_for_a_basis_it_does_not_hold(tiny_path):
 
 
 def test_payload_carries_the_coefficient_alone_and_a_shared_basis_once():
-    from logra_lightning.sync_wire import pack_payload, unpack_payload
+    from logra_lightning.sync.wire import pack_payload, unpack_payload
 
     m, n, r = 48, 32, 4
     coef, basis = torch.randn(m, r), torch.randn(r, n)

@@ -8,7 +8,7 @@
           init_args: {dirpath: runs/policy}
 
 The directory (``model.safetensors``, ``config.json``, ``generation_config.json``, tokenizer
-files, ``logra_export.json``) is what :mod:`logra_lightning.export` writes from a checkpoint;
+files, ``logra_export.json``) is what :mod:`logra_lightning.io.export` writes from a checkpoint;
 serve it with ``vllm serve DIR``. The directory is checked in ``setup`` (before the model is
 built), so a bad path fails at start-up rather than after training.
 """
@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.export import DTYPES, build_model, check_export_dir, save_export
+from logra_lightning.io.export import DTYPES, build_model, check_export_dir, save_export
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -83,8 +83,10 @@ class ExportPolicy(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         policy, tokenizer = getattr(pl_module, "policy", None), getattr(pl_module, "tokenizer", None)
         if policy is None or tokenizer is None:
-            raise ConfigError(f"ExportPolicy needs a module with `policy` and `tokenizer` attributes; "
-                              f"{type(pl_module).__name__} has none")  # fmt: skip
+            raise ConfigError(
+                f"ExportPolicy needs a module with `policy` and `tokenizer` attributes; "
+                f"{type(pl_module).__name__} has none"
+            )
         target = self._target(trainer)  # trainer.log_dir is a broadcast: every rank reads it
         weights = full_state_dict(policy)  # a collective under FSDP2
         adapter = getattr(pl_module, "adapter", None)
@@ -97,9 +99,14 @@ class ExportPolicy(L.Callback):
         model = build_model(policy.config, weights, DTYPES.get(self.dtype or ""))
         model.generation_config = policy.generation_config
         provenance: dict[str, Any] = {
-            "base_model": getattr(pl_module, "model_spec", None), "checkpoint": None,
-            "global_step": trainer.global_step, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        }  # fmt: skip
+            "base_model": getattr(pl_module, "model_spec", None),
+            "checkpoint": None,
+            "global_step": trainer.global_step,
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        }
         self.exported = save_export(model, tokenizer, target, provenance)
-        print(f"[logra] exported the policy after {trainer.global_step} steps to {self.exported}\n"
-              f"  serve it: vllm serve {self.exported}", flush=True)
+        print(
+            f"[logra] exported the policy after {trainer.global_step} steps to {self.exported}\n"
+            f"  serve it: vllm serve {self.exported}",
+            flush=True,
+        )

@@ -3,7 +3,7 @@
 Before the optimizer applies its candidate update Δ, :class:`KLStepControl` predicts the
 per-token ``KL(pi_old || pi_new)`` on a token subsample of the current batch from one
 finite-difference forward pass along Δ (plus one at the current weights for the base
-logits; no backward; docs/design.md §4, math in :mod:`logra_lightning.kl`), picks
+logits; no backward; docs/design.md §4, math in :mod:`logra_lightning.kl.estimates`), picks
 ``eta = clamp(sqrt(target / (K * calibration)), min_scale, max_scale)`` and lets the
 optimizer apply ``eta * Δ``. Every ``measure_every`` steps it measures the realized KL on
 the same tokens and updates the calibration. Run the example:
@@ -81,7 +81,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from logra_lightning._util import WarnOnce
-from logra_lightning.kl import (
+from logra_lightning.kl.estimates import (
     DEFAULT_PROBE_WEIGHT_CHANGE,
     calibration_from_ema,
     choose_step_scale,
@@ -120,7 +120,7 @@ class KLStepControl(L.Callback):
         measure_every: measure the realized KL every this many optimizer steps (step 0
             included); ``0`` never measures (calibration stays 1, saves one forward pass).
         probe_weight_change: largest per-weight change of the finite-difference probe
-            (see :func:`~logra_lightning.kl.finite_difference_epsilon`).
+            (see :func:`~logra_lightning.kl.estimates.finite_difference_epsilon`).
         calibration_rate: EMA rate of the calibration, in ``(0, 1]``.
         calibration_bounds: ``(low, high)`` clamp of the calibration, ``0 < low <= 1 <= high``.
 
@@ -296,16 +296,18 @@ class KLStepControl(L.Callback):
     def _check_optimizer(self, trainer: L.Trainer, opt: torch.optim.Optimizer) -> None:
         if is_two_phase(opt) and trainer.gradient_clip_val:
             self._warn_once(
-                "clip", "KLStepControl: gradient clipping runs after `on_before_optimizer_step`, where the two-phase "
+                "clip",
+                "KLStepControl: gradient clipping runs after `on_before_optimizer_step`, where the two-phase "
                 f"optimizer {type(opt).__name__} has already read the gradients, so it has no effect. Set "
                 "gradient_clip_val=None, or rely on the KL control to bound the step.",
-            )  # fmt: skip
+            )
         if any(p.dtype not in (torch.float32, torch.float64) for g in opt.param_groups for p in g["params"]):
             self._warn_once(
-                "dtype", "KLStepControl: some params are not fp32; a probe step of "
+                "dtype",
+                "KLStepControl: some params are not fp32; a probe step of "
                 f"{self.probe_weight_change:g} per weight may round away. Keep fp32 master weights "
                 "(e.g. precision='bf16-mixed') or raise probe_weight_change.",
-            )  # fmt: skip
+            )
 
     # ------------------------------------------------------------------ hooks
     @override

@@ -8,7 +8,7 @@ Tests: ``.venv/bin/python -m pytest tests/test_memory_monitor.py -q``.
 
 Where the phases come from:
 
-1. **Announced** (:func:`logra_lightning.phases.announce_phase`): a module that wraps
+1. **Announced** (:func:`logra_lightning.rl.phases.announce_phase`): a module that wraps
    parts of its step in ``with announce_phase(self, "rollout"):`` gets exactly those
    phases. Phases may nest (a peak inside an inner phase also counts for the outer one).
    Once ``forward_backward`` or ``optimizer`` has been announced, the fallback below
@@ -268,7 +268,7 @@ class MemoryMonitor(L.Callback):
             self._start(name, fallback=True)
 
     def on_phase_start(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
-        """Called by :func:`~logra_lightning.phases.announce_phase` when phase ``name`` starts."""
+        """Called by :func:`~logra_lightning.rl.phases.announce_phase` when phase ``name`` starts."""
         if not self._active(trainer):
             return
         if self._fallback and name in _FALLBACK_OFF_BY:
@@ -277,7 +277,7 @@ class MemoryMonitor(L.Callback):
         self._start(name, fallback=False)
 
     def on_phase_end(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
-        """Called by :func:`~logra_lightning.phases.announce_phase` when phase ``name`` ends."""
+        """Called by :func:`~logra_lightning.rl.phases.announce_phase` when phase ``name`` ends."""
         if self._active(trainer):
             self._end(trainer, pl_module, name)
 

@@ -67,8 +67,9 @@ class StepProgressBar(TQDMProgressBar):
         pass  # one bar for the whole run: nothing to reset per epoch
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         bar = self.train_progress_bar
         if bar is None or bar.disable:
             return

@@ -17,7 +17,7 @@ Choices:
 2. ``sync/bytes`` counts tensor payload (factors + dense values, or all params on a
    full sync); the engine's framing (a few hundred header bytes) is not included.
 3. With more than one training process (FSDP2), each process holds only its rows of the
-   left factors: :func:`~logra_lightning.fsdp.gather_update_factors` all-gathers those
+   left factors: :func:`~logra_lightning.sync.gather.gather_update_factors` all-gathers those
    rows (``r * m`` numbers per matrix, never the weight), so every rank holds the full
    factors and sends them to its engine.
 4. **The engine keeps the basis.** Between basis refreshes one factor of each update is the
@@ -51,10 +51,9 @@ from typing_extensions import override
 
 from logra_lightning._util import WarnOnce
 from logra_lightning.errors import TrainingError
-from logra_lightning.fsdp import gather_update_factors
-from logra_lightning.phases import announce_phase
-from logra_lightning.sync_wire import LowRankUpdate, match_wire_rounding_, tensor_nbytes, wire_updates
-
+from logra_lightning.rl.phases import announce_phase
+from logra_lightning.sync.gather import gather_update_factors
+from logra_lightning.sync.wire import LowRankUpdate, match_wire_rounding_, tensor_nbytes, wire_updates
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _WIRE_DTYPES = tuple(_DTYPES)
@@ -193,9 +192,10 @@ class LowRankWeightSync(L.Callback):
         self._active = not getattr(engine, "shares_weights", False)
         if not self._active:
             self._warn_once(
-                "shared", f"LowRankWeightSync: {type(engine).__name__} samples from the trainer's own weights "
+                "shared",
+                f"LowRankWeightSync: {type(engine).__name__} samples from the trainer's own weights "
                 "(shares_weights=True); there is nothing to sync, so the callback does nothing.",
-            )  # fmt: skip
+            )
             return
         policy = self._policy(pl_module)
         self._names = {id(p): n for n, p in policy.named_parameters()}
@@ -206,9 +206,10 @@ class LowRankWeightSync(L.Callback):
         if not self._lowrank:
             names = sorted({type(o).__name__ for o in optimizers if o not in self._factored})
             self._warn_once(
-                "fallback", f"LowRankWeightSync: optimizer(s) {names} produce no factored updates; falling back to a "
+                "fallback",
+                f"LowRankWeightSync: optimizer(s) {names} produce no factored updates; falling back to a "
                 "full weight sync after every step. Use logra_lightning.optim.LoGRA for low-rank syncs.",
-            )  # fmt: skip
+            )
         for opt in self._factored:
             opt.record_updates = True
             opt.pop_applied_updates()  # anything recorded before this fit is already in the full sync below
@@ -235,7 +236,9 @@ class LowRankWeightSync(L.Callback):
                 for opt, per_opt in zip(self._factored, popped):
                     _apply_wire_rounding(opt, [u for per_step in per_opt for u in per_step], _DTYPES[self.wire_dtype])
             # a collective under FSDP2: every rank gathers the row shards of its left factors
-            popped = [[gather_update_factors(opt, step) for step in per_opt] for opt, per_opt in zip(self._factored, popped)]
+            popped = [
+                [gather_update_factors(opt, step) for step in per_opt] for opt, per_opt in zip(self._factored, popped)
+            ]
             updates = [u for per_opt in popped for per_step in per_opt for u in per_step]
             engine = getattr(pl_module, self.engine_attr)
             metrics.update(self._sync(trainer, pl_module, engine, full=bool(full), updates=updates))
@@ -319,4 +322,3 @@ class LowRankWeightSync(L.Callback):
         self.lowrank_syncs = int(state_dict.get("lowrank_syncs", 0))
         self.steps_since_full = int(state_dict.get("steps_since_full", 0))
         self.total_bytes = int(state_dict.get("total_bytes", 0))
-

@@ -9,5 +9,16 @@ from logra_lightning.data.module import PromptDataModule, collate_records
 from logra_lightning.data.sorting import SortingSource
 from logra_lightning.data.source import PromptSource
 
-__all__ = ["ArithmeticSource", "ChainArithmeticSource", "CountdownSource", "GSM8KSource", "JSONLSource", "MATHSource",
-           "PromptDataModule", "PromptSource", "SortingSource", "collate_records", "read_jsonl_records"]
+__all__ = [
+    "ArithmeticSource",
+    "ChainArithmeticSource",
+    "CountdownSource",
+    "GSM8KSource",
+    "JSONLSource",
+    "MATHSource",
+    "PromptDataModule",
+    "PromptSource",
+    "SortingSource",
+    "collate_records",
+    "read_jsonl_records",
+]

@@ -14,7 +14,7 @@ Problems are drawn from ``Random(seed)``: the first ``test_size`` distinct ones 
 ``test`` split, the next ``train_size`` distinct ones not in it the ``train`` split, so the splits
 are disjoint by construction and the same on every machine for the same arguments. Records
 carry ``prompt``, ``answer`` and ``solution`` (the full reference completion, used by the
-supervised warm-up of :mod:`logra_lightning.reasoning_policy`).
+supervised warm-up of :mod:`logra_lightning.builtin.reasoning`).
 
 Example::
 
@@ -75,8 +75,12 @@ def draw_problem(rng: random.Random, digits: int, ops: str) -> tuple[int, str, i
 def make_record(a: int, op: str, b: int) -> dict:
     """``{"prompt": "a op b=", "answer": str(result), "solution": chain of thought, "slip_prone": ones carry}``."""
     result = a + b if op == "+" else a - b
-    return {"prompt": f"{a}{op}{b}=", "answer": str(result), "solution": chain_of_thought(a, op, b),
-            "slip_prone": ones_carry(a, op, b)}  # fmt: skip
+    return {
+        "prompt": f"{a}{op}{b}=",
+        "answer": str(result),
+        "solution": chain_of_thought(a, op, b),
+        "slip_prone": ones_carry(a, op, b),
+    }
 
 
 class ChainArithmeticSource(PromptSource):
@@ -99,8 +103,15 @@ class ChainArithmeticSource(PromptSource):
         50
     """
 
-    def __init__(self, split: str = "train", digits: int = 3, ops: str = OPS, test_size: int = 256,
-                 train_size: int = 20000, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        split: str = "train",
+        digits: int = 3,
+        ops: str = OPS,
+        test_size: int = 256,
+        train_size: int = 20000,
+        seed: int = 0,
+    ) -> None:
         check_source_args("ChainArithmeticSource", split, test_size, train_size, {"digits": (digits, 1, 4)})
         if not ops or any(op not in OPS for op in ops):
             raise ConfigError(f"ChainArithmeticSource.ops={ops!r}: use a non-empty string of {OPS!r}")
@@ -108,6 +119,12 @@ class ChainArithmeticSource(PromptSource):
         self.test_size, self.train_size, self.seed = test_size, train_size, seed
 
     def load(self) -> list[dict]:
-        problems = split_problems(lambda rng: draw_problem(rng, self.digits, self.ops), self.seed,
-                                  self.test_size, self.train_size, self.split, "ChainArithmeticSource")  # fmt: skip
+        problems = split_problems(
+            lambda rng: draw_problem(rng, self.digits, self.ops),
+            self.seed,
+            self.test_size,
+            self.train_size,
+            self.split,
+            "ChainArithmeticSource",
+        )
         return [make_record(*p) for p in problems]

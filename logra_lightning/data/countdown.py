@@ -63,9 +63,12 @@ def make_record(sol: Solution, order: tuple[int, int, int]) -> dict:
     inner = f"({x}{op1}{y})"
     step2, expr = (f"{z}{op2}{first}", f"{z}{op2}{inner}") if z_first else (f"{first}{op2}{z}", f"{inner}{op2}{z}")
     shown = " ".join(map(str, order))
-    return {"prompt": f"Make {target} from {shown}:", "answer": f"{target} from {shown}",
-            "solution": f"{x}{op1}{y}={first}, {step2}={target}; {ANSWER_PREFIX}{expr}",
-            "slip_prone": "*" in (op1, op2)}  # fmt: skip
+    return {
+        "prompt": f"Make {target} from {shown}:",
+        "answer": f"{target} from {shown}",
+        "solution": f"{x}{op1}{y}={first}, {step2}={target}; {ANSWER_PREFIX}{expr}",
+        "slip_prone": "*" in (op1, op2),
+    }
 
 
 class CountdownSource(PromptSource):
@@ -90,10 +93,23 @@ class CountdownSource(PromptSource):
         [True, True, True]
     """
 
-    def __init__(self, split: str = "train", max_number: int = 20, ops: str = OPS, max_target: int = 99,
-                 test_size: int = 256, train_size: int = 10000, seed: int = 0) -> None:  # fmt: skip
-        check_source_args("CountdownSource", split, test_size, train_size,
-                          {"max_number": (max_number, 2, 99), "max_target": (max_target, 1, 999)})  # fmt: skip
+    def __init__(
+        self,
+        split: str = "train",
+        max_number: int = 20,
+        ops: str = OPS,
+        max_target: int = 99,
+        test_size: int = 256,
+        train_size: int = 10000,
+        seed: int = 0,
+    ) -> None:
+        check_source_args(
+            "CountdownSource",
+            split,
+            test_size,
+            train_size,
+            {"max_number": (max_number, 2, 99), "max_target": (max_target, 1, 999)},
+        )
         if not ops or any(op not in OPS for op in ops):
             raise ConfigError(f"CountdownSource.ops={ops!r}: use a non-empty string of {OPS!r}")
         self.split, self.max_number, self.ops, self.max_target = split, max_number, ops, max_target
@@ -106,6 +122,13 @@ class CountdownSource(PromptSource):
         return tuple(order), solve(sol)[1], sol
 
     def load(self) -> list[dict]:
-        problems = split_problems(self._draw, self.seed, self.test_size, self.train_size, self.split,
-                                  "CountdownSource", key=lambda p: (tuple(sorted(p[0])), p[1]))  # fmt: skip
+        problems = split_problems(
+            self._draw,
+            self.seed,
+            self.test_size,
+            self.train_size,
+            self.split,
+            "CountdownSource",
+            key=lambda p: (tuple(sorted(p[0])), p[1]),
+        )
         return [make_record(sol, order) for order, _, sol in problems]

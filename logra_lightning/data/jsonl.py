@@ -74,7 +74,9 @@ def read_jsonl_records(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
                 raise DataError(f"{path}:{lineno}: missing field(s) {missing}; each line needs {list(fields)}")
             null = [f for f in fields if obj[f] is None]
             if null:
-                raise DataError(f"{path}:{lineno}: field(s) {null} are null; each line needs a value for {list(fields)}")
+                raise DataError(
+                    f"{path}:{lineno}: field(s) {null} are null; each line needs a value for {list(fields)}"
+                )
             records.append({**obj, **{f: str(obj[f]) for f in fields}})
     if not records:
         raise DataError(f"{path}: no records (the file is empty)")

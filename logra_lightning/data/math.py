@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -267,7 +268,9 @@ class GSM8KSource(_MathFileSource):
         >>> Trainer(max_steps=20).fit(module, datamodule=dm)  # doctest: +SKIP
     """
 
-    def __init__(self, path: str, question_field: str = "question", answer_field: str = "answer", **kwargs: Any) -> None:
+    def __init__(
+        self, path: str, question_field: str = "question", answer_field: str = "answer", **kwargs: Any
+    ) -> None:
         super().__init__(path, **kwargs)
         self.question_field, self.answer_field = question_field, answer_field
 
@@ -303,8 +306,14 @@ class MATHSource(_MathFileSource):
         >>> Trainer(max_steps=20).fit(module, datamodule=PromptDataModule(source))  # doctest: +SKIP
     """
 
-    def __init__(self, path: str, problem_field: str = "problem", solution_field: str = "solution",
-                 answer_field: str = "answer", **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        problem_field: str = "problem",
+        solution_field: str = "solution",
+        answer_field: str = "answer",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(path, **kwargs)
         self.problem_field, self.solution_field, self.answer_field = problem_field, solution_field, answer_field
 

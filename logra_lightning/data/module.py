@@ -31,7 +31,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, DistributedSampler
@@ -59,8 +60,9 @@ class ResumableSampler(DistributedSampler):
             restored batch counter ends the epoch where it would have ended).
     """
 
-    def __init__(self, records: list, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-                 epoch: int = 0, skip: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, records: list, num_replicas: int = 1, rank: int = 0, seed: int = 0, epoch: int = 0, skip: int = 0
+    ) -> None:
         super().__init__(records, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.epoch, self.skip = epoch, skip
 
@@ -122,9 +124,11 @@ class PromptDataModule(L.LightningDataModule):
         n = len(self.train_records)
         if n // world < self.batch_size:
             per_rank = f", {n // world} per rank on {world} ranks" if world > 1 else ""
-            raise ConfigError(f"data.batch_size={self.batch_size}: larger than the training set ({n} prompts{per_rank}), "
-                              f"so there would be no training batch; choose data.batch_size <= {max(n // world, 1)} "
-                              "or give more training data")  # fmt: skip
+            raise ConfigError(
+                f"data.batch_size={self.batch_size}: larger than the training set ({n} prompts{per_rank}), "
+                f"so there would be no training batch; choose data.batch_size <= {max(n // world, 1)} "
+                "or give more training data"
+            )
 
     def use_tokenizer(self, tokenizer) -> bool:
         """Hand the policy's tokenizer to sources that render prompts with a chat template.
@@ -151,8 +155,9 @@ class PromptDataModule(L.LightningDataModule):
             world, rank = self.trainer.world_size, self.trainer.global_rank
         skip = self.consumed * self.batch_size  # this rank's indices of `epoch` already trained on
         sampler = ResumableSampler(self.train_records, world, rank, self.seed, self.epoch, skip)
-        return DataLoader(self.train_records, batch_size=self.batch_size, sampler=sampler,
-                          collate_fn=collate_records, drop_last=True)  # fmt: skip
+        return DataLoader(
+            self.train_records, batch_size=self.batch_size, sampler=sampler, collate_fn=collate_records, drop_last=True
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         if not self.val_records:

@@ -14,8 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import random
-
 from logra_lightning.data.source import PromptSource
 from logra_lightning.data.splits import ANSWER_PREFIX, check_source_args, split_problems
 
@@ -23,8 +21,12 @@ from logra_lightning.data.splits import ANSWER_PREFIX, check_source_args, split_
 def make_record(numbers: tuple[int, ...], small: int = 10) -> dict:
     """The record of a list; ``slip_prone`` when its smallest number is below ``small``."""
     answer = " ".join(map(str, sorted(numbers)))
-    return {"prompt": f"Sort {' '.join(map(str, numbers))}:", "answer": answer,
-            "solution": f"{ANSWER_PREFIX}{answer}", "slip_prone": min(numbers) < small}  # fmt: skip
+    return {
+        "prompt": f"Sort {' '.join(map(str, numbers))}:",
+        "answer": answer,
+        "solution": f"{ANSWER_PREFIX}{answer}",
+        "slip_prone": min(numbers) < small,
+    }
 
 
 class SortingSource(PromptSource):
@@ -42,10 +44,18 @@ class SortingSource(PromptSource):
         ConfigError: an argument out of range (the message names it).
     """
 
-    def __init__(self, split: str = "train", length: int = 5, max_value: int = 99, test_size: int = 256,
-                 train_size: int = 20000, seed: int = 0) -> None:  # fmt: skip
-        check_source_args("SortingSource", split, test_size, train_size,
-                          {"length": (length, 2, 12), "max_value": (max_value, 1, 999)})  # fmt: skip
+    def __init__(
+        self,
+        split: str = "train",
+        length: int = 5,
+        max_value: int = 99,
+        test_size: int = 256,
+        train_size: int = 20000,
+        seed: int = 0,
+    ) -> None:
+        check_source_args(
+            "SortingSource", split, test_size, train_size, {"length": (length, 2, 12), "max_value": (max_value, 1, 999)}
+        )
         self.split, self.length, self.max_value = split, length, max_value
         self.test_size, self.train_size, self.seed = test_size, train_size, seed
 

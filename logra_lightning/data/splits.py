@@ -17,7 +17,8 @@ Example::
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from logra_lightning.errors import ConfigError
 
@@ -25,8 +26,9 @@ SPLITS = ("train", "test")
 ANSWER_PREFIX = "Answer: "  # every reasoning task ends its completion with "Answer: <final answer>"
 
 
-def check_source_args(what: str, split: str, test_size: int, train_size: int,
-                      ranges: dict[str, tuple[Any, int, int]]) -> None:  # fmt: skip
+def check_source_args(
+    what: str, split: str, test_size: int, train_size: int, ranges: dict[str, tuple[Any, int, int]]
+) -> None:
     """Raise a ``ConfigError`` naming ``what.key=value`` for a bad split, integer out of range or split size.
 
     ``ranges`` maps an argument's name to ``(value, low, high)`` (inclusive), checked in order.
@@ -41,8 +43,15 @@ def check_source_args(what: str, split: str, test_size: int, train_size: int,
             raise ConfigError(f"{what}.{key}={value!r}: must be an integer >= 1")
 
 
-def split_problems(draw: Callable[[random.Random], Any], seed: int, test_size: int, train_size: int,
-                   split: str, what: str, key: Callable[[Any], Hashable] = lambda p: p) -> list:  # fmt: skip
+def split_problems(
+    draw: Callable[[random.Random], Any],
+    seed: int,
+    test_size: int,
+    train_size: int,
+    split: str,
+    what: str,
+    key: Callable[[Any], Hashable] = lambda p: p,
+) -> list:
     """``test_size`` distinct problems from ``draw(rng)``, or the next ``train_size`` distinct ones not among them.
 
     Args:
@@ -64,8 +73,10 @@ def split_problems(draw: Callable[[random.Random], Any], seed: int, test_size: i
         problem = draw(rng)
         attempts += 1
         if attempts > 50 * want + 1000:
-            raise ConfigError(f"{what}: only {len(seen)} distinct problems found for test_size + train_size = {want}; "
-                              "lower train_size or test_size, or widen the problem range")  # fmt: skip
+            raise ConfigError(
+                f"{what}: only {len(seen)} distinct problems found for test_size + train_size = {want}; "
+                "lower train_size or test_size, or widen the problem range"
+            )
         if key(problem) in seen:
             continue
         seen.add(key(problem))

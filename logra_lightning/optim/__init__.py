@@ -18,4 +18,11 @@ from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, 
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.optim.two_phase import is_two_phase, two_phase
 
-__all__ += ["check_strategy_supported", "grad_bytes", "is_two_phase", "optimizer_state_bytes", "param_bytes", "two_phase"]
+__all__ += [
+    "check_strategy_supported",
+    "grad_bytes",
+    "is_two_phase",
+    "optimizer_state_bytes",
+    "param_bytes",
+    "two_phase",
+]

@@ -6,7 +6,7 @@ Adam direction ``U`` and the basis it expands with, ``Δ = -lr * scale * U @ Q.T
 moments when needed. Decoupled weight decay makes the step at scale ``a``
 ``W(a) = c(a) * W0 + a * Δ`` with ``c(a) = 1 - a * lr * wd``; :func:`move_` moves W between
 two such points in place, which is how the KL probe's ``perturb_`` and the scaled step work.
-What a step applied is emitted as :class:`~logra_lightning.sync_wire.LowRankUpdate`
+What a step applied is emitted as :class:`~logra_lightning.sync.wire.LowRankUpdate`
 (``W <- c * W + L @ R``) for low-rank weight sync.
 
 Example::
@@ -22,16 +22,16 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable
 
 import torch
 
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.matrix import LowRankMatrix, as_matrix
-from logra_lightning.sync_wire import LowRankUpdate
+from logra_lightning.sync.wire import LowRankUpdate
 
 
 @dataclass
@@ -92,14 +92,20 @@ def lowrank_candidate(st: dict, mat: LowRankMatrix, group: dict, next_basis: tor
     beta1, beta2 = group["betas"]
     step, eps = int(st["step"]), group["eps"]
     if mat.factored:
-        u = sk.factored_direction(st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], mat.side, step,
-                                  beta1, beta2, eps)  # fmt: skip
+        u = sk.factored_direction(
+            st["exp_avg"], st["exp_avg_sq_row"], st["exp_avg_sq_col"], mat.side, step, beta1, beta2, eps
+        )
     else:
         u = sk.adam_direction(st["exp_avg"], st["exp_avg_sq"], step, beta1, beta2, eps)  # fp32 [m_i, r] | [r, n_j]
     return PendingUpdate(
-        group["lr"], group["weight_decay"], direction=mat.full_direction(u), basis=mat.full_basis(st["basis"]),
-        side=mat.side, scale=group["scale"], next_basis=next_basis,
-    )  # fmt: skip
+        group["lr"],
+        group["weight_decay"],
+        direction=mat.full_direction(u),
+        basis=mat.full_basis(st["basis"]),
+        side=mat.side,
+        scale=group["scale"],
+        next_basis=next_basis,
+    )
 
 
 def take_next_basis_(st: dict, mat: LowRankMatrix, next_basis: torch.Tensor) -> None:
@@ -137,8 +143,13 @@ def update_delta(pend: PendingUpdate, w: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def move_(w: torch.Tensor, pend: PendingUpdate, start: float, end: float,
-          add_low_precision: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
+def move_(
+    w: torch.Tensor,
+    pend: PendingUpdate,
+    start: float,
+    end: float,
+    add_low_precision: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> None:
     """Take the local weight ``w`` from scale ``start`` to scale ``end`` of ``pend``, in place.
 
     ``W(a) = c(a) * W0 + a * Δ_add`` with ``c(a) = 1 - a * lr * wd``, so ``move_(w, p, a, b)``

@@ -61,26 +61,30 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from logra_lightning._util import WarnOnce, local
 from logra_lightning.optim import candidate as cand
-from logra_lightning.optim import host_memory
+from logra_lightning.optim import host_memory, rounding, state_io
 from logra_lightning.optim import sharding as sh
-from logra_lightning.optim import rounding
 from logra_lightning.optim import sketch as sk
-from logra_lightning.optim import state_io
 from logra_lightning.optim.candidate import PendingUpdate
 from logra_lightning.optim.groups import (
-    normalize_params, split_by_rank, storage_dtype, validate_hparams, validate_storage,
-)  # fmt: skip
+    normalize_params,
+    split_by_rank,
+    storage_dtype,
+    validate_hparams,
+    validate_storage,
+)
 from logra_lightning.optim.matrix import LowRankMatrix, resolve_side
-from logra_lightning.sync_wire import BasisVersions, LowRankUpdate
+from logra_lightning.sync.wire import BasisVersions, LowRankUpdate
 
 __all__ = ["LoGRA", "resolve_side"]
+
 
 class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
     """Adam whose moments live in rank-``r`` gradient sketches; dense AdamW for groups without ``rank``.
@@ -158,10 +162,19 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         if rank is not None and not any("rank" in g for g in groups):
             groups = split_by_rank(groups, rank, include=include, exclude=exclude)
         defaults = dict(
-            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            update_proj_gap=update_proj_gap, scale=scale, side=side, refresh=refresh, oversample=oversample,
-            second_moment=second_moment, basis_dtype=basis_dtype, exp_avg_dtype=exp_avg_dtype,
-        )  # fmt: skip
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            update_proj_gap=update_proj_gap,
+            scale=scale,
+            side=side,
+            refresh=refresh,
+            oversample=oversample,
+            second_moment=second_moment,
+            basis_dtype=basis_dtype,
+            exp_avg_dtype=exp_avg_dtype,
+        )
         self.sketch_in_backward = bool(sketch_in_backward)
         self.release_host_memory = bool(release_host_memory)
         self.seed = int(seed)
@@ -190,9 +203,10 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             self._init_group(group)
         if not any(self._is_lowrank(g) for g in self.param_groups):
             self._warn_once(
-                "dense", "LoGRA has no low-rank param group: every param gets dense AdamW. Pass `rank=` "
+                "dense",
+                "LoGRA has no low-rank param group: every param gets dense AdamW. Pass `rank=` "
                 "or use `logra_param_groups(model, rank=...)`.",
-            )  # fmt: skip
+            )
 
     # ----------------------------------------------------------------- setup
     @staticmethod
@@ -212,9 +226,17 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
 
     def _init_group(self, group: dict) -> None:
         validate_hparams(
-            group["lr"], group["betas"], group["eps"], group["weight_decay"], group["update_proj_gap"],
-            group["scale"], group["side"], group["refresh"], group["oversample"], group.get("rank"),
-        )  # fmt: skip
+            group["lr"],
+            group["betas"],
+            group["eps"],
+            group["weight_decay"],
+            group["update_proj_gap"],
+            group["scale"],
+            group["side"],
+            group["refresh"],
+            group["oversample"],
+            group.get("rank"),
+        )
         validate_storage(group["second_moment"], group["basis_dtype"], group["exp_avg_dtype"])
         lowrank = self._is_lowrank(group)
         if lowrank and group["refresh"] == "svd" and self.sketch_in_backward:
@@ -285,8 +307,11 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if id(p) in self._matrices:
-                    pend = (self._prepare_lowrank(p, group, id(p) in nonfinite, col_sums.get(id(p)))
-                            if id(p) in self._touched else None)  # fmt: skip
+                    pend = (
+                        self._prepare_lowrank(p, group, id(p) in nonfinite, col_sums.get(id(p)))
+                        if id(p) in self._touched
+                        else None
+                    )
                 else:
                     pend = self._prepare_dense(p, group)
                 if pend is not None:
@@ -367,7 +392,9 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         self._require_prepared("perturb_()")
         alpha = float(alpha)
         for p, pend in self._pending.items():
-            cand.move_(local(p), pend, self._perturb_total, self._perturb_total + alpha, partial(self._add_low_precision, p))
+            cand.move_(
+                local(p), pend, self._perturb_total, self._perturb_total + alpha, partial(self._add_low_precision, p)
+            )
         self._perturb_total += alpha
 
     def set_step_scale(self, eta: float) -> None:

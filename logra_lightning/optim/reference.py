@@ -29,19 +29,48 @@ def _round(t: torch.Tensor, dtype) -> torch.Tensor:
 class LoGRAReference(torch.optim.Optimizer):
     """Reference LoGRA (single-phase ``step``). Same arguments as ``LoGRA`` minus ``sketch_in_backward``."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, rank=None,
-                 update_proj_gap=200, scale=1.0, side="auto", refresh="randomized", oversample=8,
-                 second_moment="auto", basis_dtype="bfloat16", exp_avg_dtype="bfloat16", include=None, exclude=None,
-                 seed=0):  # fmt: skip
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.0,
+        *,
+        rank=None,
+        update_proj_gap=200,
+        scale=1.0,
+        side="auto",
+        refresh="randomized",
+        oversample=8,
+        second_moment="auto",
+        basis_dtype="bfloat16",
+        exp_avg_dtype="bfloat16",
+        include=None,
+        exclude=None,
+        seed=0,
+    ):
         groups = normalize_params(params)
         if rank is not None and not any("rank" in g for g in groups):
             groups = [
-                s for g in groups
+                s
+                for g in groups
                 for s in split_named_params(zip(g["param_names"], g["params"]), rank, include=include, exclude=exclude)
-            ]  # fmt: skip
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update_proj_gap=update_proj_gap,
-                        scale=scale, side=side, refresh=refresh, oversample=oversample, second_moment=second_moment,
-                        basis_dtype=basis_dtype, exp_avg_dtype=exp_avg_dtype)  # fmt: skip
+            ]
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            update_proj_gap=update_proj_gap,
+            scale=scale,
+            side=side,
+            refresh=refresh,
+            oversample=oversample,
+            second_moment=second_moment,
+            basis_dtype=basis_dtype,
+            exp_avg_dtype=exp_avg_dtype,
+        )
         super().__init__(groups, defaults)
         index = 0
         for group in self.param_groups:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -33,12 +33,12 @@ factored second moment (docs/design.md §2) is replicated::
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 import torch
 import torch.distributed as dist
-
 
 # torch >= 2.13 renames all_gather_into_tensor (and deprecates the old name)
 _all_gather_single = getattr(dist, "all_gather_single", getattr(dist, "all_gather_into_tensor", None))

@@ -29,17 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from logra_lightning._util import mix_seed  # noqa: F401 - optim/ draws every seed through it
 from logra_lightning.optim.sharding import all_reduce_sum_
-
-_MASK63 = (1 << 63) - 1
-
-
-def mix_seed(seed: int, step: int, salt: int = 0) -> int:
-    """Combine integers into one 63-bit generator seed (SplitMix64-style)."""
-    x = (int(seed) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9 + int(salt) * 0x94D049BB133111EB) & _MASK63
-    x ^= x >> 31
-    x = (x * 0xD6E8FEB86659FD93) & _MASK63
-    return x ^ (x >> 29)
 
 
 def gaussian(rows: int, cols: int, seed: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
@@ -231,9 +222,15 @@ def sq_means(sketch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def factored_moments_(
-    exp_avg: torch.Tensor, row: torch.Tensor, col: torch.Tensor, sketch: torch.Tensor,
-    row_sq: torch.Tensor, col_sq: torch.Tensor, beta1: float, beta2: float,
-) -> None:  # fmt: skip
+    exp_avg: torch.Tensor,
+    row: torch.Tensor,
+    col: torch.Tensor,
+    sketch: torch.Tensor,
+    row_sq: torch.Tensor,
+    col_sq: torch.Tensor,
+    beta1: float,
+    beta2: float,
+) -> None:
     """In place: first moment as Adam; ``row``/``col`` EMAs of the row/column means ``row_sq``/``col_sq`` of ``s*s``."""
     ema_(exp_avg, sketch, 1 - beta1)
     row.mul_(beta2).add_(row_sq, alpha=1 - beta2)
@@ -248,9 +245,15 @@ def factored_second_moment(row: torch.Tensor, col: torch.Tensor, side: str) -> t
 
 
 def factored_direction(
-    exp_avg: torch.Tensor, row: torch.Tensor, col: torch.Tensor, side: str, step: int,
-    beta1: float, beta2: float, eps: float,
-) -> torch.Tensor:  # fmt: skip
+    exp_avg: torch.Tensor,
+    row: torch.Tensor,
+    col: torch.Tensor,
+    side: str,
+    step: int,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> torch.Tensor:
     """:func:`adam_direction` with ``V`` read back from its factors (one ``[a, b]`` temporary)."""
     bias1 = 1 - beta1**step
     bias2_sqrt = (1 - beta2**step) ** 0.5

@@ -83,11 +83,21 @@ def dtensor_layout(p: torch.Tensor, st: dict, mat: LowRankMatrix | None, *, pend
         )
     replicate = tuple(Replicate() for _ in placements)
     if mat.side == "right":
-        layout = {"basis": (shard(0), (n, r)), "exp_avg": (shard(0), (m, r)), "exp_avg_sq": (shard(0), (m, r)),
-                  "exp_avg_sq_row": (shard(0), (m,)), "exp_avg_sq_col": (replicate, (r,))}  # fmt: skip
+        layout = {
+            "basis": (shard(0), (n, r)),
+            "exp_avg": (shard(0), (m, r)),
+            "exp_avg_sq": (shard(0), (m, r)),
+            "exp_avg_sq_row": (shard(0), (m,)),
+            "exp_avg_sq_col": (replicate, (r,)),
+        }
     else:
-        layout = {"basis": (shard(0), (m, r)), "exp_avg": (shard(1), (r, n)), "exp_avg_sq": (shard(1), (r, n)),
-                  "exp_avg_sq_row": (replicate, (r,)), "exp_avg_sq_col": (shard(0), (n,))}  # fmt: skip
+        layout = {
+            "basis": (shard(0), (m, r)),
+            "exp_avg": (shard(1), (r, n)),
+            "exp_avg_sq": (shard(1), (r, n)),
+            "exp_avg_sq_row": (replicate, (r,)),
+            "exp_avg_sq_col": (shard(0), (n,)),
+        }
     return {k: v for k, v in layout.items() if k in st}
 
 
@@ -98,17 +108,26 @@ def with_dtensors(st: dict[str, Any], p: torch.Tensor, layout: Layout) -> dict[s
     from torch.distributed.tensor import DTensor
 
     pieces = {
-        k: DTensor.from_local(st[k], p.device_mesh, placements, run_check=False,
-                              shape=torch.Size(shape), stride=torch.empty(shape, device="meta").stride())
+        k: DTensor.from_local(
+            st[k],
+            p.device_mesh,
+            placements,
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=torch.empty(shape, device="meta").stride(),
+        )
         for k, (placements, shape) in layout.items()
-    }  # fmt: skip
+    }
     return {**st, **pieces}
 
 
 def restored_states(
-    state_dict: dict[str, Any], params: list[torch.Tensor], names: list[str],
-    matrices: dict[int, LowRankMatrix], previous: dict,
-) -> list[tuple[torch.Tensor, dict[str, Any]]]:  # fmt: skip
+    state_dict: dict[str, Any],
+    params: list[torch.Tensor],
+    names: list[str],
+    matrices: dict[int, LowRankMatrix],
+    previous: dict,
+) -> list[tuple[torch.Tensor, dict[str, Any]]]:
     """``(param, state)`` pairs to load from ``state_dict``, matched in param-group order.
 
     Keyed by position (``torch.save``) or by parameter name (DCP's ``set_optimizer_state_dict``),
@@ -130,8 +149,11 @@ def restored_states(
     out = []
     for key, values in state_dict["state"].items():
         p, name = by_key[key]
-        st = {k: local(v).detach().clone().to(p.device) if torch.is_tensor(v) else v for k, v in values.items()
-              if k != "sketch"}  # checkpoints from before sketches left the state held zeros there
+        st = {
+            k: local(v).detach().clone().to(p.device) if torch.is_tensor(v) else v
+            for k, v in values.items()
+            if k != "sketch"
+        }  # checkpoints from before sketches left the state held zeros there
         if id(p) not in matrices:
             if int(st.get("step", 1)) == 0:
                 continue  # the placeholder of a dense param that had not stepped: it still has no state

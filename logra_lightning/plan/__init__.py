@@ -8,7 +8,7 @@
 
 Example::
 
-    >>> from logra_lightning.model_shapes import load_architecture
+    >>> from logra_lightning.models.shapes import load_architecture
     >>> result = plan(load_architecture("qwen2.5-0.5b"), PlanSetup(gpus=1, rank=64))
     >>> result["optimizers"]["logra"]["peak_bytes"] < result["optimizers"]["adamw"]["peak_bytes"]
     True
@@ -16,15 +16,51 @@ Example::
 
 from logra_lightning.plan.cli import build_parser, format_table, main
 from logra_lightning.plan.memory import (
-    ENGINE_BYTES, PHASES, activation_phases, engine_bytes, fsdp_phases, layer_activation_bytes, plan, plan_optimizer,
+    ENGINE_BYTES,
+    PHASES,
+    activation_phases,
+    engine_bytes,
+    fsdp_phases,
+    layer_activation_bytes,
+    plan,
+    plan_optimizer,
     saved_activation_bytes,
-)  # fmt: skip
+)
 from logra_lightning.plan.optimizers import OPTIMIZERS, OptimizerTerms, adamw_terms, logra_terms
 from logra_lightning.plan.setup import (
-    ADAMW_IMPLS, PRECISIONS, SECOND_MOMENTS, STATE_BYTES, GiB, PlanError, PlanSetup, check_rank,
-)  # fmt: skip
+    ADAMW_IMPLS,
+    PRECISIONS,
+    SECOND_MOMENTS,
+    STATE_BYTES,
+    GiB,
+    PlanError,
+    PlanSetup,
+    check_rank,
+)
 
-__all__ = ["ADAMW_IMPLS", "ENGINE_BYTES", "OPTIMIZERS", "PHASES", "PRECISIONS", "SECOND_MOMENTS", "STATE_BYTES", "GiB",
-           "OptimizerTerms", "PlanError", "PlanSetup", "activation_phases", "adamw_terms", "build_parser",
-           "check_rank", "engine_bytes", "format_table", "fsdp_phases", "layer_activation_bytes", "logra_terms",
-           "main", "plan", "plan_optimizer", "saved_activation_bytes"]  # fmt: skip
+__all__ = [
+    "ADAMW_IMPLS",
+    "ENGINE_BYTES",
+    "OPTIMIZERS",
+    "PHASES",
+    "PRECISIONS",
+    "SECOND_MOMENTS",
+    "STATE_BYTES",
+    "GiB",
+    "OptimizerTerms",
+    "PlanError",
+    "PlanSetup",
+    "activation_phases",
+    "adamw_terms",
+    "build_parser",
+    "check_rank",
+    "engine_bytes",
+    "format_table",
+    "fsdp_phases",
+    "layer_activation_bytes",
+    "logra_terms",
+    "main",
+    "plan",
+    "plan_optimizer",
+    "saved_activation_bytes",
+]

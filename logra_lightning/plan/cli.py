@@ -20,17 +20,22 @@ import types
 import typing
 from typing import Any
 
-from logra_lightning.model_shapes import ShapeError, load_architecture, shipped_shapes
+from logra_lightning.models.shapes import ShapeError, load_architecture, shipped_shapes
 from logra_lightning.plan.memory import plan
 from logra_lightning.plan.setup import GiB, PlanError, PlanSetup
 
 _ROWS = [
-    ("params", "parameters"), ("grads", "gradients"), ("optimizer_state", "optimizer state"),
-    ("activations", "activations"), ("transients", "optimizer transients"),
-    ("fsdp_buffers", "FSDP2 unsharded buffers"), ("allocator_slack", "allocator slack"),
+    ("params", "parameters"),
+    ("grads", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("activations", "activations"),
+    ("transients", "optimizer transients"),
+    ("fsdp_buffers", "FSDP2 unsharded buffers"),
+    ("allocator_slack", "allocator slack"),
     ("engine_weights", "engine weights"),
-    ("kv_cache", "engine KV cache"), ("reserve", "reserve (context, NCCL)"),
-]  # fmt: skip
+    ("kv_cache", "engine KV cache"),
+    ("reserve", "reserve (context, NCCL)"),
+]
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -41,7 +46,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"{m['name']}: {m['params'] / 1e9:.2f}B params ({m['model_type']}, hidden {m['hidden_size']}, "
         f"{m['num_layers']} layers, vocab {m['vocab_size']}"
-        + (f", {m['num_experts']} experts, {m['num_experts_per_tok']} per token" if m["num_experts"] else "") + ")",
+        + (f", {m['num_experts']} experts, {m['num_experts_per_tok']} per token" if m["num_experts"] else "")
+        + ")",
         f"{s['gpus']} GPU(s) x {s['gpu_memory_gb']:g} GiB, FSDP2, {s['precision']}, batch {s['batch']} x "
         f"seq {s['seq_len']} per GPU, activation checkpointing {'on' if s['activation_checkpointing'] else 'off'}"
         + (f", engine colocated (tp={s['engine_tp']})" if s["colocate_engine"] else ""),
@@ -81,8 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     ``--rank`` defaults to None here: the setup's rank, or the smallest matrix dim if that is smaller.
     """
     ap = argparse.ArgumentParser(prog="logra plan", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help=f"shipped shape ({', '.join(shipped_shapes())}), HF dir, "
-                    "config JSON, or hub org/name")  # fmt: skip
+    ap.add_argument(
+        "--model",
+        required=True,
+        help=f"shipped shape ({', '.join(shipped_shapes())}), HF dir, config JSON, or hub org/name",
+    )
     for f, kind in _flags():
         flag, meta = "--" + f.name.replace("_", "-"), f.metadata
         if kind is bool:

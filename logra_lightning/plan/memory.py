@@ -10,7 +10,7 @@ This module is the memory model (the optimizer terms in :mod:`~logra_lightning.p
 ``--model`` is a shipped shape (``qwen2.5-0.5b``, ``qwen2.5-7b``, ``gemma-3-27b``, ``llama-3-8b``,
 ``qwen3-8b``, ``mistral-7b``, ``phi-3-mini``, ``qwen3-30b-a3b``), a local HF directory or config
 JSON of a Qwen2, Qwen3, Llama, Mistral, Gemma 3, Phi-3 or Qwen3-MoE model, or a hub ``org/name``
-(see :mod:`logra_lightning.model_shapes`, which reads architecture fields only; the model is
+(see :mod:`logra_lightning.models.shapes`, which reads architecture fields only; the model is
 never built). The memory model is
 pure functions of the shape and a :class:`PlanSetup`. Checked against exact tensor sums (one
 process and a real 2-process FSDP2 run) in ``tests/test_plan.py`` and against measured peak
@@ -44,7 +44,7 @@ element (4 for fp32, 2 for bf16):
   see departure 6). Checkpointed: only ``c h`` per layer is saved and one layer
   is recomputed during backward. Head: ids 8, the final norm, and the logits:
   ``c V`` kept by the step + fp32 log-softmax ``4 V`` saved + two fp32 ``V`` gradients while
-  log-softmax backward runs (``grpo.gather_logprobs`` over the full vocabulary).
+  log-softmax backward runs (``rl.logprobs.gather_logprobs`` over the full vocabulary).
 * FSDP2 buffers (``N > 1`` or a bf16 compute cast): the root unit (embeddings, untied lm_head,
   final norm) unsharded in ``c`` for the whole step (FSDP2 does not reshard the root after
   forward) plus its unsharded gradient in backward (tied: two more ``[V, h]`` while the two
@@ -86,7 +86,7 @@ Assumptions and departures (numbered):
 5. ``--gpu-memory-gb`` is read as GiB (an "80 GB" H100 reports 79.6 GiB).
 6. Mixture-of-experts layers (``k`` of ``E`` experts per token): activations as a dense MLP of
    width ``k * moe_intermediate_size``
-   (:attr:`~logra_lightning.model_shapes.Architecture.active_intermediate_size`: every token
+   (:attr:`~logra_lightning.models.shapes.Architecture.active_intermediate_size`: every token
    visits ``k`` experts however the router balances them) plus what transformers 5's default
    experts implementation (``grouped_mm``) saves for the routing: per token and chosen expert
    the gathered input and the expert's output (``2 c h``), its routing weight (``c``) and int64
@@ -98,14 +98,13 @@ Assumptions and departures (numbered):
    when ``N`` divides ``E``).
 """
 
-
 from __future__ import annotations
 
 import math
 from dataclasses import asdict
 from typing import Any
 
-from logra_lightning.model_shapes import Architecture
+from logra_lightning.models.shapes import Architecture
 from logra_lightning.plan.optimizers import OPTIMIZERS
 from logra_lightning.plan.setup import GiB, PlanSetup, check_rank, shard
 
@@ -218,8 +217,14 @@ def plan_optimizer(arch: Architecture, setup: PlanSetup, optimizer: str) -> dict
     }
     phases = {}
     for phase, (grads, transient) in grads_and_transients.items():
-        parts = dict(params=params, grads=grads, optimizer_state=terms.state, activations=acts[phase],
-                     transients=transient, fsdp_buffers=fsdp[phase])  # fmt: skip
+        parts = dict(
+            params=params,
+            grads=grads,
+            optimizer_state=terms.state,
+            activations=acts[phase],
+            transients=transient,
+            fsdp_buffers=fsdp[phase],
+        )
         parts["allocator_slack"] = round(setup.allocator_slack * sum(parts.values()))
         parts.update(engine_weights=weights, kv_cache=kv, reserve=int(setup.reserve_gb * GiB))
         phases[phase] = {**parts, "total": sum(parts.values())}
@@ -227,11 +232,17 @@ def plan_optimizer(arch: Architecture, setup: PlanSetup, optimizer: str) -> dict
     peak = phases[worst]["total"]
     budget = int(setup.gpu_memory_gb * GiB)
     return {
-        "peak_bytes": peak, "peak_phase": worst, "fits": peak <= budget, "headroom_bytes": budget - peak,
-        "breakdown": phases[worst], "phases": phases,
-        "activation_peak_bytes": {"checkpointed": activation_phases(arch, setup, True)["peak"],
-                                  "not_checkpointed": activation_phases(arch, setup, False)["peak"]},
-    }  # fmt: skip
+        "peak_bytes": peak,
+        "peak_phase": worst,
+        "fits": peak <= budget,
+        "headroom_bytes": budget - peak,
+        "breakdown": phases[worst],
+        "phases": phases,
+        "activation_peak_bytes": {
+            "checkpointed": activation_phases(arch, setup, True)["peak"],
+            "not_checkpointed": activation_phases(arch, setup, False)["peak"],
+        },
+    }
 
 
 def plan(arch: Architecture, setup: PlanSetup) -> dict[str, Any]:
@@ -239,7 +250,7 @@ def plan(arch: Architecture, setup: PlanSetup) -> dict[str, Any]:
 
     Example::
 
-        >>> from logra_lightning.model_shapes import load_architecture
+        >>> from logra_lightning.models.shapes import load_architecture
         >>> arch = load_architecture("qwen2.5-7b")
         >>> result = plan(arch, PlanSetup(gpus=8, rank=256, batch=1, seq_len=4096))
         >>> sorted(result["optimizers"]), result["optimizers"]["logra"]["fits"]
@@ -247,9 +258,13 @@ def plan(arch: Architecture, setup: PlanSetup) -> dict[str, Any]:
     """
     check_rank(arch, setup.rank)
     return {
-        "model": {"name": arch.name, "model_type": arch.model_type, "params": arch.num_params(),
-                  **{k: v for k, v in asdict(arch).items() if k not in ("name", "model_type", "layer_windows")},
-                  "sliding_layers": sum(w is not None for w in arch.layer_windows)},  # fmt: skip
+        "model": {
+            "name": arch.name,
+            "model_type": arch.model_type,
+            "params": arch.num_params(),
+            **{k: v for k, v in asdict(arch).items() if k not in ("name", "model_type", "layer_windows")},
+            "sliding_layers": sum(w is not None for w in arch.layer_windows),
+        },
         "setup": asdict(setup),
         "optimizers": {name: plan_optimizer(arch, setup, name) for name in OPTIMIZERS},
     }

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from logra_lightning.model_shapes import Architecture, Matrix
+from logra_lightning.models.shapes import Architecture, Matrix
 from logra_lightning.plan.setup import STATE_BYTES, PlanSetup, shard
+
 
 @dataclass
 class OptimizerTerms:
@@ -36,12 +37,30 @@ def _lowrank_layout(m: Matrix, rank: int, k: int, n_gpus: int, second_moment: st
     right = m.embedding or m.expert or m.rows <= m.cols
     factored = second_moment == "factored" or (second_moment == "auto" and right and m.rows > m.cols)
     if right:
-        return dict(basis=cols * rank, exp_avg=rows * rank, second=rows + rank if factored else rows * rank,
-                    sketch=rows * rank, moment=rows * rank, direction=rows * rank, range=m.cols * k, omega=rows * k,
-                    held_basis=m.cols * rank if sharded else 0, refresh_input=m.cols * k)  # fmt: skip
-    return dict(basis=rows * rank, exp_avg=rank * cols, second=rank + cols if factored else rank * cols,
-                sketch=rank * m.cols, moment=rank * cols, direction=rank * m.cols, range=rows * k, omega=m.cols * k,
-                held_basis=0, refresh_input=m.rows * k)  # fmt: skip
+        return dict(
+            basis=cols * rank,
+            exp_avg=rows * rank,
+            second=rows + rank if factored else rows * rank,
+            sketch=rows * rank,
+            moment=rows * rank,
+            direction=rows * rank,
+            range=m.cols * k,
+            omega=rows * k,
+            held_basis=m.cols * rank if sharded else 0,
+            refresh_input=m.cols * k,
+        )
+    return dict(
+        basis=rows * rank,
+        exp_avg=rank * cols,
+        second=rank + cols if factored else rank * cols,
+        sketch=rank * m.cols,
+        moment=rank * cols,
+        direction=rank * m.cols,
+        range=rows * k,
+        omega=m.cols * k,
+        held_basis=0,
+        refresh_input=m.rows * k,
+    )
 
 
 def _tied_grad_copies(arch: Architecture, setup: PlanSetup) -> int:
@@ -62,9 +81,14 @@ def adamw_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:
     sizes += [shard(s, n) for _, s, c, _ in arch.vectors() for _ in range(c)]
     total = sum(sizes)
     temps = {"foreach": total * pb, "for-loop": 2 * max(sizes) * pb, "fused": 0}[setup.adamw_impl]
-    return OptimizerTerms(grads=total * pb, state=2 * total * pb + 4 * len(sizes), layer_transient=0,
-                          root_transient=_tied_grad_copies(arch, setup), range_sketches=0,
-                          step_temporaries=temps)  # fmt: skip
+    return OptimizerTerms(
+        grads=total * pb,
+        state=2 * total * pb + 4 * len(sizes),
+        layer_transient=0,
+        root_transient=_tied_grad_copies(arch, setup),
+        range_sketches=0,
+        step_temporaries=temps,
+    )
 
 
 def logra_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:
@@ -95,9 +119,14 @@ def logra_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:
         transient["layer"] += arch.vocab_size * arch.hidden_size * g
     dense = [shard(s, n) for _, s, c, _ in arch.vectors() for _ in range(c)]
     state += sum(8 * d + 8 for d in dense)
-    return OptimizerTerms(grads=sum(dense) * g, state=state, layer_transient=transient["layer"],
-                          root_transient=transient["root"], range_sketches=ranges,
-                          step_temporaries=held + step_max + 8 * max(dense))  # fmt: skip
+    return OptimizerTerms(
+        grads=sum(dense) * g,
+        state=state,
+        layer_transient=transient["layer"],
+        root_transient=transient["root"],
+        range_sketches=ranges,
+        step_temporaries=held + step_max + 8 * max(dense),
+    )
 
 
 OPTIMIZERS: dict[str, Callable[[Architecture, PlanSetup], OptimizerTerms]] = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.model_shapes import Architecture
+from logra_lightning.models.shapes import Architecture
 
 GiB = 1024**3
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
@@ -60,10 +60,14 @@ class PlanSetup:
     oversample: int = _field(8, cli=False)  # LoGRA's range-sketch oversampling (its default); not a flag
     adamw_impl: str = _field("foreach", "AdamW step temporaries", choices=ADAMW_IMPLS)
     reserve_gb: float = _field(2.0, "CUDA context and NCCL buffers, GiB")
-    allocator_slack: float = _field(0.0, "fraction the allocator holds on top of the live training tensors (cached free "
-                                    "blocks, fragmentation); 0 = live bytes, as max_memory_allocated")  # fmt: skip
-    logra_second_moment: str = _field("auto", "LoGRA's second_moment (auto: factored for embeddings and experts)",
-                                      choices=SECOND_MOMENTS)  # fmt: skip
+    allocator_slack: float = _field(
+        0.0,
+        "fraction the allocator holds on top of the live training tensors (cached free "
+        "blocks, fragmentation); 0 = live bytes, as max_memory_allocated",
+    )
+    logra_second_moment: str = _field(
+        "auto", "LoGRA's second_moment (auto: factored for embeddings and experts)", choices=SECOND_MOMENTS
+    )
     logra_basis_dtype: str = _field("bfloat16", "LoGRA's basis_dtype", choices=tuple(STATE_BYTES))
     logra_exp_avg_dtype: str = _field("bfloat16", "LoGRA's exp_avg_dtype", choices=tuple(STATE_BYTES))
 
@@ -117,8 +121,10 @@ def check_rank(arch: Architecture, rank: int) -> None:
         raise PlanError(f"rank={rank} is larger than the model's hidden_size={arch.hidden_size}")
     smallest, m = arch.min_matrix_dim()
     if rank > smallest:
-        raise PlanError(f"rank={rank} is larger than min(m, n)={smallest} of {m.name} with shape "
-                        f"({m.rows}, {m.cols}) (allowed: 1 <= rank <= {smallest})")  # fmt: skip
+        raise PlanError(
+            f"rank={rank} is larger than min(m, n)={smallest} of {m.name} with shape "
+            f"({m.rows}, {m.cols}) (allowed: 1 <= rank <= {smallest})"
+        )
 
 
 def shard(rows: int, n: int) -> int:

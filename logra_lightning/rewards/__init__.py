@@ -5,5 +5,12 @@ from logra_lightning.rewards.base import ExactMatchReward, RewardFn, safe_reward
 from logra_lightning.rewards.countdown import CountdownReward
 from logra_lightning.rewards.math import ExtractedMatchReward, MathVerifyReward
 
-__all__ = ["AnswerMatchReward", "CountdownReward", "ExactMatchReward", "ExtractedMatchReward", "MathVerifyReward",
-           "RewardFn", "safe_rewards"]
+__all__ = [
+    "AnswerMatchReward",
+    "CountdownReward",
+    "ExactMatchReward",
+    "ExtractedMatchReward",
+    "MathVerifyReward",
+    "RewardFn",
+    "safe_rewards",
+]

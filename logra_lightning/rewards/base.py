@@ -15,7 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 
 class RewardFn(Protocol):

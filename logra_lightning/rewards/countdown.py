@@ -29,8 +29,12 @@ from logra_lightning.errors import ConfigError
 from logra_lightning.rewards.answer import MARKER, final_answer
 
 MAX_DEPTH = 32
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b}  # fmt: skip
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 _PROBLEM_RE = re.compile(r"\s*(\d+)\s+from\s+(\d+(?:\s+\d+)*)\s*")
 
 

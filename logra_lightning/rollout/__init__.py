@@ -11,9 +11,17 @@ from logra_lightning.rollout.vllm_options import VLLMOptions
 _LAZY = {"VLLMEngine", "VLLMEngineSpec"}
 
 __all__ = [
-    "EngineSpec", "HFEngine", "HFEngineSpec", "LowRankUpdate", "Rollout", "RolloutEngine", "SamplingConfig",
-    "VLLMEngine", "VLLMEngineSpec", "VLLMOptions",
-]  # fmt: skip
+    "EngineSpec",
+    "HFEngine",
+    "HFEngineSpec",
+    "LowRankUpdate",
+    "Rollout",
+    "RolloutEngine",
+    "SamplingConfig",
+    "VLLMEngine",
+    "VLLMEngineSpec",
+    "VLLMOptions",
+]
 
 
 def __getattr__(name: str):

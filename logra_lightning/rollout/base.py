@@ -9,12 +9,13 @@ that the weight-sync callback can keep it in step with the policy being trained.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from logra_lightning.sync_wire import LowRankUpdate  # re-exported: engines take it
+from logra_lightning.sync.wire import LowRankUpdate  # re-exported: engines take it
 
 
 @dataclass
@@ -72,7 +73,7 @@ class RolloutEngine(Protocol):
         """Apply ``W <- c*W + L@R`` per update, then overwrite the ``dense`` params.
 
         An engine whose class sets ``caches_bases = True`` keeps each matrix's basis factor
-        (:class:`~logra_lightning.sync_wire.BasisCache`) and also accepts updates that carry only
+        (:class:`~logra_lightning.sync.wire.BasisCache`) and also accepts updates that carry only
         their coefficient (the basis factor ``None``); it must refuse one whose basis version
         it does not hold. Without that attribute the sender always sends both factors.
         """

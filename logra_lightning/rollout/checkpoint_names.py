@@ -29,13 +29,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
 from logra_lightning.errors import ConfigError
-from logra_lightning.sync_wire import LowRankUpdate
+from logra_lightning.sync.wire import LowRankUpdate
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,12 @@ class CheckpointNames:
                     f"checkpoint tensor {ck_name!r} is made of several trainer parameters "
                     f"({sorted(n for _, n in sources)}); low-rank sync cannot express that conversion"
                 )
-            (start, src), = sources
+            ((start, src),) = sources
             shape = shapes[src]
             if len(shape) >= 2:
-                if probe.shape[-1] != 2 or not torch.equal(probe[..., 1] - probe[..., 0], torch.full_like(probe[..., 0], 0.5)):
+                if probe.shape[-1] != 2 or not torch.equal(
+                    probe[..., 1] - probe[..., 0], torch.full_like(probe[..., 0], 0.5)
+                ):
                     raise ConfigError(
                         f"trainer parameter {src!r} {shape} is stored transposed or reshaped in the checkpoint "
                         f"(as {ck_name!r}); low-rank sync cannot express that conversion"

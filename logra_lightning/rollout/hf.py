@@ -25,13 +25,13 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
-from logra_lightning.sync_wire import BasisCache
+from logra_lightning.sync.wire import BasisCache
 
 
 def _needs_synced_generate(model: nn.Module) -> bool:
@@ -48,7 +48,7 @@ def _needs_synced_generate(model: nn.Module) -> bool:
 class HFEngine:
     """Sample completions with ``model.generate``.
 
-    It keeps each matrix's latest basis (:class:`~logra_lightning.sync_wire.BasisCache`), so
+    It keeps each matrix's latest basis (:class:`~logra_lightning.sync.wire.BasisCache`), so
     low-rank updates may carry only their coefficient between basis refreshes.
 
     Args:
@@ -82,24 +82,27 @@ class HFEngine:
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         greedy = sampling.temperature <= 0
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_k=0 if not greedy else None,
-            top_p=None if greedy else sampling.top_p,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-            synced_gpus=_needs_synced_generate(self.model),
-        )
+        # A seeded rollout draws from its own generator state: the caller's RNG is left as it was.
+        cuda = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda, enabled=sampling.seed is not None):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_k=0 if not greedy else None,
+                top_p=None if greedy else sampling.top_p,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+                synced_gpus=_needs_synced_generate(self.model),
+            )
         self.model.train(was_training)
         new = out.sequences[:, width:].cpu()  # [B*n, T]
         logits = torch.stack(out.logits, dim=1).float().cpu()  # [B*n, T, V]
@@ -154,7 +157,6 @@ class HFEngineSpec(EngineSpec):
 
     def __init__(self, copy_weights: bool = False) -> None:
         self.copy_weights = copy_weights
-        self.bases = BasisCache()  # the basis of each matrix between refreshes (docs/design.md §5)
 
     def build(self, model_path: str, policy, tokenizer) -> HFEngine:
         return HFEngine(policy, tokenizer, copy_weights=self.copy_weights)

@@ -40,14 +40,15 @@ import dataclasses
 import os
 import time
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm_options import VLLMOptions, import_vllm, quiet_loggers
-from logra_lightning.sync_wire import pack_payload, tensor_nbytes
+from logra_lightning.sync.wire import pack_payload, tensor_nbytes
 
 WORKER_EXTENSION = "logra_lightning.rollout.vllm_worker.LowRankWorkerExtension"
 GiB = 1 << 30
@@ -135,7 +136,7 @@ class VLLMEngine:
             ) from e
         expected = None
         if policy is not None:
-            from logra_lightning.architectures import untested_warning
+            from logra_lightning.models.architectures import untested_warning
 
             arch = (getattr(getattr(policy, "config", None), "architectures", None) or [type(policy).__name__])[0]
             if (msg := untested_warning(arch)) is not None:
@@ -150,7 +151,7 @@ class VLLMEngine:
                     f"vLLM's {self.init_info.get('model_class')} for {self.model_path!r} does not load "
                     f"{len(unplaced)} of the policy's parameters ({shown}{', ...' if len(unplaced) > 5 else ''}): "
                     "weight syncs into it would be silently wrong. Is the policy the model at this path, and is "
-                    "its architecture one vLLM names its weights for (see logra_lightning.architectures)?"
+                    "its architecture one vLLM names its weights for (see logra_lightning.models.architectures)?"
                 )
         except RuntimeError:
             self.close()  # do not leave engine processes behind

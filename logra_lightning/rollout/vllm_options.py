@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SYNC_MODES = ("auto", "inplace", "reload")
@@ -66,9 +67,13 @@ class VLLMOptions:
         if self.dtype not in DTYPES:
             raise ValueError(f"Invalid dtype: {self.dtype!r} (allowed: {', '.join(map(repr, DTYPES))})")
         if self.max_model_len is not None and not (isinstance(self.max_model_len, int) and self.max_model_len > 0):
-            raise ValueError(f"Invalid max_model_len: {self.max_model_len} (must be an int > 0, or None for the model's)")
+            raise ValueError(
+                f"Invalid max_model_len: {self.max_model_len} (must be an int > 0, or None for the model's)"
+            )
         if self.kv_cache_space_gb is not None and not self.kv_cache_space_gb > 0:
-            raise ValueError(f"Invalid kv_cache_space_gb: {self.kv_cache_space_gb} (must be > 0, or None for vLLM's sizing)")
+            raise ValueError(
+                f"Invalid kv_cache_space_gb: {self.kv_cache_space_gb} (must be > 0, or None for vLLM's sizing)"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"Invalid gpu_memory_utilization: {self.gpu_memory_utilization} (must be in (0, 1])")
         if not (isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1):

@@ -3,7 +3,7 @@
 vLLM loads this class into every worker with
 ``LLM(worker_extension_cls="logra_lightning.rollout.vllm_worker.LowRankWorkerExtension")``;
 :class:`~logra_lightning.rollout.vllm.VLLMEngine` calls its ``logra_*`` methods through
-``llm.collective_rpc``. Payloads are safetensors bytes (:func:`~logra_lightning.sync_wire.pack_payload`), because
+``llm.collective_rpc``. Payloads are safetensors bytes (:func:`~logra_lightning.sync.wire.pack_payload`), because
 tensors do not cross vLLM's default multiprocess engine but bytes do.
 
 Where a tensor goes is vLLM's own knowledge: at start-up every checkpoint tensor is
@@ -41,7 +41,7 @@ Departures and choices:
    Pipeline parallelism is not supported: an update for a name the worker cannot
    place fails with that name, before anything changes.
 4. Each worker keeps the last basis factor of every matrix (as received: fp32 or bf16) with
-   its version (:class:`~logra_lightning.sync_wire.BasisCache`); an update that carries only
+   its version (:class:`~logra_lightning.sync.wire.BasisCache`); an update that carries only
    its coefficient is refused, naming the parameter, unless the worker holds that version.
    A coefficient is applied as ``c*W + L@R`` in fp32 whatever the wire dtype.
 """
@@ -49,13 +49,13 @@ Departures and choices:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
 
 import torch
 
 from logra_lightning.rollout.vllm_options import quiet_loggers
-from logra_lightning.sync_wire import BasisCache, unpack_payload
+from logra_lightning.sync.wire import BasisCache, unpack_payload
 
 _MODES = ("auto", "inplace", "reload")
 
@@ -160,8 +160,9 @@ def add_through_loader_(
 # --------------------------------------------------------------- the extension
 def _quiet_reload_logs():
     """Reloading a subset of modules makes vLLM warn about every module not reloaded; that is intended here."""
-    return quiet_loggers("vllm.model_executor.model_loader.reload.layerwise",
-                         "vllm.model_executor.model_loader.reload.inplace")  # fmt: skip
+    return quiet_loggers(
+        "vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace"
+    )
 
 
 def _packed_dependents(modules: dict) -> dict[str, list[str]]:
@@ -180,10 +181,12 @@ def _packed_dependents(modules: dict) -> dict[str, list[str]]:
     for names in by_storage.values():
         for name in names:
             deps = [
-                d for d in names
-                if d != name and hasattr(modules[d], "cpu_linear")
+                d
+                for d in names
+                if d != name
+                and hasattr(modules[d], "cpu_linear")
                 and type(modules[d]).__name__ != "VocabParallelEmbedding"  # an embedding's lookup reads `weight`
-            ]  # fmt: skip
+            ]
             if deps:
                 out[name] = deps
     return out
@@ -264,9 +267,10 @@ class LowRankWorkerExtension:
         del weights
         self._logra_state = st
         unplaced = [
-            [name, list(shape)] for name, shape in (expected or ())
+            [name, list(shape)]
+            for name, shape in (expected or ())
             if not st.targets.get(name) or st.shapes.get(name) != tuple(shape)
-        ]  # fmt: skip
+        ]
         return {
             "mode": mode,
             "reload_modules": len(st.members),
@@ -346,8 +350,14 @@ class LowRankWorkerExtension:
         if inplace_dense:
             model.load_weights(inplace_dense)
         reloaded = self._logra_commit(st) if commit else 0
-        return {"seconds": time.perf_counter() - t0, "updates": len(updates), "dense": len(dense), "reloaded": reloaded,
-                "bases_received": sum(u.basis_factor is not None for u in received), "bases_bytes": st.bases.nbytes}
+        return {
+            "seconds": time.perf_counter() - t0,
+            "updates": len(updates),
+            "dense": len(dense),
+            "reloaded": reloaded,
+            "bases_received": sum(u.basis_factor is not None for u in received),
+            "bases_bytes": st.bases.nbytes,
+        }
 
     @staticmethod
     def _logra_add(model, st: _SyncState, name: str, c: float, delta: torch.Tensor) -> None:

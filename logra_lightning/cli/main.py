@@ -1,0 +1,89 @@
+"""The ``logra`` command: ``fit|validate|test|predict`` (LightningCLI), ``plan`` and ``export``.
+
+``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan`` and ``export`` have
+their own small parsers (:mod:`logra_lightning.plan.cli`, :mod:`logra_lightning.io.export`) and do
+not import Lightning; the trainer subcommands are :class:`~logra_lightning.cli.lightning_cli.LograCLI`.
+
+Example::
+
+    >>> from logra_lightning.cli import main
+    >>> main(["fit", "--config", "configs/arithmetic_tiny.yaml", "--trainer.max_steps", "2"])  # doctest: +SKIP
+    >>> main(["fit", "--config", "configs/arithmetic_tiny.yaml", "--ckpt_path", "last"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING
+
+from logra_lightning.errors import ConfigError, LograError
+
+if TYPE_CHECKING:
+    from logra_lightning.cli.lightning_cli import LograCLI
+
+
+def error_line(err: BaseException) -> str:
+    """``logra: error: <message>`` on one line (newlines inside the message become spaces)."""
+    return "logra: error: " + re.sub(r"\s*\n\s*", " ", str(err).strip())
+
+
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(2) from None
+
+
+def main(args: list[str] | None = None) -> LograCLI | int | None:
+    """Entry point of ``logra`` and ``python -m logra_lightning``; ``args`` defaults to ``sys.argv[1:]``.
+
+    Called with ``args`` (from Python) it returns the :class:`LograCLI` (or the exit code of
+    ``logra plan`` / ``logra export``) and lets a :class:`~logra_lightning.errors.LograError`
+    propagate; from the console it returns ``None`` (exit status 0; the console script passes the
+    return value to ``sys.exit``) and turns a ``LograError`` into ``logra: error: ...`` and exit
+    status 2. A command line that does not parse (unknown key, wrong type, missing ``--config``
+    file) prints that one line and exits with status 2 either way, as argparse does.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    if args is None:  # a console entry point: vLLM's engine and DDP workers must not fork a threaded process
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_start_method("spawn", force=True)
+    if argv and argv[0] == "plan":
+        from logra_lightning import plan
+
+        return plan.main(argv[1:])
+    try:
+        if argv and argv[0] == "export":
+            from logra_lightning.io import export
+
+            code = export.main(argv[1:])
+            return code if args is not None else None
+    except LograError as err:
+        if args is not None:
+            raise
+        _fail(error_line(err))
+    from omegaconf.errors import OmegaConfBaseException
+
+    from logra_lightning.cli.lightning_cli import LograCLI, interpolation_error_line, parse_error_line, subcommand_of
+    from logra_lightning.config.files import check_config_files, config_file_args
+
+    try:
+        check_config_files(argv)  # a parse error, like jsonargparse's own: exits from Python too
+    except ConfigError as err:
+        _fail(error_line(err))
+    try:
+        cli = LograCLI(args=None if args is None else argv)  # None: the CLI reads sys.argv itself, without a warning
+    except argparse.ArgumentError as err:
+        _fail("logra: error: " + parse_error_line(str(err), subcommand_of(argv)))
+    except OmegaConfBaseException as err:  # an interpolation that cannot be resolved: a parse error too
+        _fail("logra: error: " + interpolation_error_line(err, config_file_args(argv)))
+    except LograError as err:
+        if args is not None:  # called from Python (tests): let the caller see the exception
+            raise
+        _fail(error_line(err))
+    return cli if args is not None else None
+
+
+if __name__ == "__main__":
+    main()

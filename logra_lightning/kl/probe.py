@@ -1,0 +1,169 @@
+"""The KL-probe protocol: the tokens :class:`~logra_lightning.callbacks.KLStepControl` probes, and cheap base logits.
+
+:class:`KLProbe` is what :meth:`~logra_lightning.rl.module.PolicyGradientModule.kl_probe_logits`
+delegates to.
+
+The KL control asks the module for logits at a fixed subsample of the current batch's
+completion tokens two or three times per optimizer step (current weights, weights moved
+along the update, weights after the step). Two things keep that cheap:
+
+1. **Few rows.** The subsample is whole completions taken in a seeded random order until
+   ``max_tokens`` tokens are reached (the last one cut), so the probe's forward pass runs
+   on about ``max_tokens / mean completion length`` rows, not on every row that happens to
+   hold one sampled token.
+2. **The base logits come for free.** The logits at the current weights are the ones the
+   module already computes for ``pi_old`` right before the loss; :class:`ProbeCache` keeps
+   the probed rows' logits from that pass, keyed by the parameters' in-place version
+   counters, and hands them out while the weights are unchanged. Any in-place change of a
+   parameter (an optimizer step, the control's ``+eps * Δ`` perturbation) bumps a counter and
+   invalidates the entry.
+
+Example::
+
+    >>> import torch
+    >>> mask = torch.tensor([[1., 1., 0.], [0., 1., 1.], [1., 0., 0.]])
+    >>> rows, pos = probe_positions(mask, max_tokens=3, seed=0)
+    >>> len(pos), bool((mask[rows[pos[:, 0]], pos[:, 1]] == 1).all())
+    (3, True)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the batch type only: kl/ sits below rl/, which calls it
+    from logra_lightning.rl.trajectory import PackedBatch
+
+
+def probe_positions(mask: torch.Tensor, max_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole rows of ``mask`` in a seeded random order until ``max_tokens`` masked tokens are taken.
+
+    Args:
+        mask: ``[N, T]`` 1 at the tokens that may be probed (completion tokens).
+        max_tokens: most tokens to return.
+        seed: seed of the row order (same seed and mask: same positions).
+
+    Returns:
+        ``(rows, pick)``: ``rows`` ``[R]`` sorted row indices to run forward, and ``pick``
+        ``[M, 2]`` (``M <= max_tokens``) pairs ``(index into rows, position)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(mask.shape[0], generator=gen)  # [N]
+    counts = mask.sum(dim=1).long().cpu()[order]  # [N] tokens per row, in probe order
+    take = int((counts.cumsum(0) < max_tokens).sum()) + 1  # rows until the budget is reached
+    rows = order[:take].sort().values  # [R]
+    pos = mask[rows.to(mask.device)].nonzero().cpu()  # [M', 2] (index into rows, position)
+    if len(pos) > max_tokens:  # cut the last probed row: keep the first max_tokens in probe order
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))
+        keep = rank[rows[pos[:, 0]]].argsort(stable=True)[:max_tokens].sort().values
+        pos = pos[keep]
+    return rows, pos
+
+
+def weights_version(module: torch.nn.Module) -> tuple[int, ...]:
+    """In-place version counters of ``module``'s parameters (local shards under FSDP2)."""
+    return tuple((p.to_local() if hasattr(p, "to_local") else p)._version for p in module.parameters())
+
+
+class ProbeCache:
+    """Logits at the probe positions, valid while the weights keep the version they were computed at.
+
+    Example::
+
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> cache = ProbeCache()
+        >>> cache.put(lin, key=(0, 8), logits=torch.zeros(3, 2))
+        >>> cache.get(lin, key=(0, 8)) is not None
+        True
+        >>> with torch.no_grad():
+        ...     _ = lin.weight.add_(1.0)
+        >>> cache.get(lin, key=(0, 8)) is None  # the weights moved
+        True
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple[tuple, tuple[int, ...], torch.Tensor] | None = None
+
+    def put(self, module: torch.nn.Module, key: tuple, logits: torch.Tensor) -> None:
+        self._entry = (key, weights_version(module), logits)
+
+    def get(self, module: torch.nn.Module, key: tuple) -> torch.Tensor | None:
+        if self._entry is None:
+            return None
+        k, version, logits = self._entry
+        return logits if k == key and version == weights_version(module) else None
+
+    def clear(self) -> None:
+        self._entry = None
+
+
+class KLProbe:
+    """Probe positions, base-logit cache and probe forward pass of a policy-gradient module.
+
+    The positions depend only on the batch, ``seed`` and the step, so every call within one
+    step probes the same tokens. ``max_tokens`` is learned from the control's first call;
+    from then on each step's ``pi_old`` pass records the base logits (:meth:`base_recorder`).
+
+    Args:
+        seed: seed of the token subsample (the module's ``kl_probe_seed``).
+
+    Example::
+
+        >>> probe = KLProbe(seed=0)
+        >>> probe.base_recorder(None, step=0) is None  # nobody has asked for probe logits yet
+        True
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.max_tokens: int | None = None  # KLStepControl's sample_tokens, learned from its first call
+        self.cache = ProbeCache()
+
+    def positions(self, seqs: PackedBatch, step: int, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`probe_positions` of ``seqs``' completion tokens at ``step``."""
+        return probe_positions(seqs.mask, max_tokens, self.seed * 1_000_003 + step)
+
+    @torch.no_grad()
+    def logits(self, policy: torch.nn.Module, seqs: PackedBatch, step: int, max_tokens: int) -> torch.Tensor:
+        """Logits ``[N, V]`` of ``policy`` at the probe positions: cached at unchanged weights, else a forward pass."""
+        self.max_tokens = max_tokens  # the next batch's pi_old pass keeps these positions' logits
+        cached = self.cache.get(policy, (step, max_tokens))
+        if cached is not None:
+            return cached
+        rows, pick = self.positions(seqs, step, max_tokens)
+        device = seqs.ids.device
+        sub = seqs.rows(rows.to(device))
+        logits = policy(input_ids=sub.ids, attention_mask=sub.attention_mask).logits[:, :-1]  # [R, L-1, V]
+        pick = pick.to(device)
+        return logits[pick[:, 0], pick[:, 1]].float()  # [N, V]
+
+    def base_recorder(self, seqs: PackedBatch, step: int) -> _BaseRecorder | None:
+        """A recorder of the probe positions' logits for the micro-batched ``pi_old`` pass over ``seqs``.
+
+        ``None`` until :meth:`logits` has been called (no control is probing).
+        """
+        if self.max_tokens is None:
+            return None
+        rows, pick = self.positions(seqs, step, self.max_tokens)
+        return _BaseRecorder(self.cache, (step, self.max_tokens), rows[pick[:, 0]], pick[:, 1], seqs.ids.device)
+
+
+class _BaseRecorder:
+    """Collects the probed positions' logits micro-batch by micro-batch, then caches them."""
+
+    def __init__(self, cache: ProbeCache, key: tuple, rows: torch.Tensor, pos: torch.Tensor, device) -> None:
+        self.cache, self.key = cache, key
+        self.rows, self.pos = rows.to(device), pos.to(device)  # [M] ascending, [M]
+        self.parts: list[torch.Tensor] = []
+
+    def add(self, lo: int, logits: torch.Tensor) -> None:
+        """Take the probed positions among rows ``lo .. lo + len(logits)`` of ``logits`` ``[n, L-1, V]``."""
+        here = (self.rows >= lo) & (self.rows < lo + len(logits))  # [M]
+        self.parts.append(logits[self.rows[here] - lo, self.pos[here]].float())  # [m, V], in probe order
+
+    def save(self, policy: torch.nn.Module) -> None:
+        """Cache the collected logits ``[M, V]``, valid while ``policy``'s weights are unchanged."""
+        self.cache.put(policy, self.key, torch.cat(self.parts))

@@ -1,0 +1,20 @@
+"""The RL step: :class:`PolicyGradientModule` and what it calls.
+
+* :mod:`~logra_lightning.rl.module` — the ``LightningModule`` (rollout -> reward -> advantage -> loss -> step);
+* :mod:`~logra_lightning.rl.trajectory` — the step's data (padded sequences, log-probs);
+* :mod:`~logra_lightning.rl.loss` — advantages and the clipped token loss (pure functions);
+* :mod:`~logra_lightning.rl.faults` — what a step does when something goes wrong;
+* :mod:`~logra_lightning.rl.evaluation` — held-out greedy evaluation;
+* :mod:`~logra_lightning.rl.phases` — named phases announced to callbacks.
+"""
+
+__all__ = ["PolicyGradientModule"]
+
+
+def __getattr__(name: str):
+    # Lazy, so that the pure functions of rl.loss and rl.trajectory import without Lightning.
+    if name == "PolicyGradientModule":
+        from logra_lightning.rl.module import PolicyGradientModule
+
+        return PolicyGradientModule
+    raise AttributeError(f"module 'logra_lightning.rl' has no attribute {name!r}")

@@ -1,0 +1,428 @@
+"""``PolicyGradientModule``: GRPO-style RL of a causal LM with manual optimization.
+
+One ``training_step`` is one RL iteration, and reads like a script:
+rollout (B prompts x G samples, with sampling logprobs) -> rewards -> group-normalized
+advantages -> token-level PPO-clip loss (+ optional k3 KL to a frozen reference) ->
+micro-batched ``manual_backward`` -> ``optimizer.step()``. The math is in
+:mod:`logra_lightning.rl.loss`; the optimizer comes from the config (``torch.optim.AdamW``
+or :class:`~logra_lightning.optim.LoGRA`), the engine from an
+:class:`~logra_lightning.rollout.EngineSpec`.
+
+Run: ``logra fit --config configs/arithmetic_tiny.yaml``.
+
+Protocols this module offers to callbacks:
+
+* ``engine`` — the rollout engine (weight sync sends updates to it);
+* ``engine_logprob_gap`` — ``(mean, max)`` |engine - trainer| logprob over the latest
+  rollout's sampled tokens (drift of the engine's copy of the policy);
+* ``kl_probe_logits(max_tokens)`` — logits ``[N, V]`` at a fixed token subsample of the
+  current step's batch at the current weights (predicted-KL step control);
+* phases ``rollout``, ``forward_backward``, ``optimizer`` announced through
+  :func:`~logra_lightning.rl.phases.announce_phase` (memory monitoring).
+
+Departures from GRPO as published are listed in :mod:`logra_lightning.rl.loss`. Also:
+
+1. ``old_logprobs`` are recomputed by the trainer on the rollout (not taken from the
+   engine), so with one PPO epoch the ratio is exactly 1 and the loss is the plain
+   policy gradient; the engine's logprobs are used to measure drift.
+2. ``reward/accuracy`` and ``val/accuracy`` count a sample as correct when its reward
+   is at least ``correct_reward`` (1.0 by default).
+3. Each rollout samples with a seed derived from ``(sampling_seed, rollout index, rank)``,
+   not from torch's global RNG, so a run resumed from a checkpoint samples exactly what the
+   uninterrupted run sampled (the index is checkpointed; Lightning does not save the global RNG).
+
+Faults (a bad sample, a NaN, an empty batch, a failing engine) cost a step, not the run; the
+behaviour for each is tabulated in :mod:`logra_lightning.rl.faults`. Held-out evaluation is
+:class:`~logra_lightning.rl.evaluation.HeldOutEvaluation`; argument checks, :func:`~logra_lightning.config.checks.check_module_args`.
+
+Logged metrics:
+    ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
+    ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
+    ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``completion/length_mean``,
+    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
+    ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torchmetrics import MeanMetric
+from typing_extensions import override
+
+from logra_lightning._util import mix_seed
+from logra_lightning.builtin.registry import resolve_model
+from logra_lightning.config.checks import check_engine_context, check_module_args
+from logra_lightning.errors import ConfigError
+from logra_lightning.kl.probe import KLProbe
+from logra_lightning.models import load_policy
+from logra_lightning.models.lora import LoRA
+from logra_lightning.optim.strategy_check import check_strategy_supported
+from logra_lightning.rewards import ExactMatchReward
+from logra_lightning.rl.evaluation import HeldOutEvaluation
+from logra_lightning.rl.faults import FaultPolicy, all_ranks_agree, degenerate_rollout, engine_failure, grads_finite
+from logra_lightning.rl.logprobs import sequence_logprobs, token_logprobs
+from logra_lightning.rl.loss import LossConfig, grpo_advantages, grpo_loss, masked_mean, tis_weights
+from logra_lightning.rl.phases import announce_phase
+from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
+from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
+
+
+class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
+    """GRPO/DAPO-style policy-gradient RL on a causal LM (manual optimization).
+
+    Args:
+        model: HF hub name, local HF directory, or ``builtin:arithmetic-tiny`` (built and
+            warmed up locally, cached; see :mod:`logra_lightning.builtin.registry`).
+        optimizer: optimizer factory (``OptimizerCallable``), called with the policy's
+            ``(name, param)`` pairs; e.g. ``torch.optim.AdamW`` or ``logra_lightning.optim.LoGRA``.
+        engine: rollout engine spec (default: in-process HF ``generate`` on the policy's weights).
+        reward: ``reward(prompts, completions, answers) -> list[float]`` (default exact match).
+        group_size: samples per prompt ``G``.
+        max_new_tokens: completion length limit for rollouts.
+        temperature, top_p: rollout sampling.
+        clip_low, clip_high: PPO clip range ``[1 - clip_low, 1 + clip_high]``.
+        scale_by_std: divide advantages by the group std (``False``: Dr. GRPO).
+        kl_coef: weight of the k3 KL penalty to a frozen copy of the initial policy (0: off,
+            and no reference model is built).
+        ppo_epochs: optimizer steps per rollout batch.
+        micro_batch_size: sequences per forward/backward (``None``: the whole batch).
+        eval_max_new_tokens: completion limit for held-out greedy evaluation.
+        correct_reward: reward at or above which a sample counts as correct.
+        activation_checkpointing: enable HF gradient checkpointing on the policy.
+        torch_threads: ``torch.set_num_threads`` at setup (``None`` leaves it). On small
+            models 1 thread was 10-25x faster than 2 on the 2-core machine (docs/design.md §7).
+        kl_probe_seed: seed of the token subsample returned by ``kl_probe_logits``.
+        lr_warmup_steps: ramp the learning rate linearly from 0 over this many optimizer steps.
+        tis_cap: truncated importance sampling (TIS): weight each token's loss by
+            ``min(pi_trainer / pi_engine, tis_cap)`` on the sampled token, correcting for an
+            engine whose numerics differ from the trainer's (e.g. vLLM in bf16). ``None``: off.
+        max_consecutive_skips: stop (after writing a checkpoint) when more than this many
+            steps in a row were skipped (non-finite values or unusable batches); ``None``: never.
+        sampling_seed: base seed of the per-rollout sampling seeds (``None``: torch's initial
+            seed at setup, i.e. ``seed_everything``'s). Saved in checkpoints.
+        adapter: train LoRA factors instead of the weights (:class:`~logra_lightning.models.LoRA`);
+            the optimizer then gets only the factors, and the engine, syncs and exports see the merged weights.
+
+    Raises:
+        ConfigError: an argument out of range (names the key and the allowed range); in
+            ``setup``, a prompt longer than the engine allows; in ``configure_optimizers``,
+            an optimizer argument the optimizer rejects.
+        TrainingError: the rollout engine failed, or too many steps in a row were skipped.
+
+    Example::
+
+        >>> import lightning as L
+        >>> from logra_lightning.data import ArithmeticSource, PromptDataModule
+        >>> module = PolicyGradientModule("builtin:arithmetic-tiny", group_size=4)
+        >>> dm = PromptDataModule(ArithmeticSource("train"), ArithmeticSource("test"), batch_size=8)
+        >>> trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False)
+        >>> trainer.fit(module, dm)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str = "builtin:arithmetic-tiny",
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        engine: EngineSpec | None = None,
+        reward: Callable | None = None,
+        group_size: int = 8,
+        max_new_tokens: int = 6,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        scale_by_std: bool = True,
+        kl_coef: float = 0.0,
+        ppo_epochs: int = 1,
+        micro_batch_size: int | None = None,
+        eval_max_new_tokens: int | None = None,
+        correct_reward: float = 1.0,
+        activation_checkpointing: bool = False,
+        torch_threads: int | None = None,
+        kl_probe_seed: int = 0,
+        lr_warmup_steps: int = 0,
+        max_consecutive_skips: int | None = 10,
+        sampling_seed: int | None = None,
+        tis_cap: float | None = None,
+        adapter: LoRA | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
+        check_module_args(self.hparams)
+        self.adapter = adapter
+        if adapter is not None:  # as plain values: checkpoints load with weights_only=True, and a resume re-parses it
+            self.hparams["adapter"] = adapter.hparams()
+        self.automatic_optimization = False
+        self.model_spec = model
+        self.optimizer_factory = optimizer
+        self.engine_spec = engine or HFEngineSpec()
+        self.reward_fn = reward or ExactMatchReward()
+        self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        self.policy: torch.nn.Module | None = None
+        self.tokenizer = None
+        self.engine = None
+        self.model_path: str | None = None
+        self.engine_logprob_gap: tuple[float, float] | None = None
+        self.val_accuracy = MeanMetric()
+        self.accuracy_history: list[tuple[int, float]] = []
+        self._ref: list[torch.nn.Module] = []  # a list keeps the frozen reference out of state_dict
+        self._probe: PackedBatch | None = None  # the current step's batch, which the KL probe samples
+        self._kl_probe = KLProbe(kl_probe_seed)
+        self.faults = FaultPolicy(max_consecutive_skips, max_new_tokens)  # counters checkpointed
+        self._fit_started = 0.0
+        self._rollouts = 0  # the sampling position (checkpointed)
+        self._sampling_seed = sampling_seed
+
+    # ------------------------------------------------------------------ setup
+    @override
+    def setup(self, stage: str) -> None:
+        if self.policy is not None:
+            return
+        if self._trainer is not None:
+            check_strategy_supported(self.trainer, self.optimizer_factory)  # before any model is built
+        if self.hparams.torch_threads:
+            torch.set_num_threads(self.hparams.torch_threads)
+        self.model_path = resolve_model(self.model_spec)
+        if self._sampling_seed is None:
+            self._sampling_seed = torch.initial_seed()
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        check_engine_context(
+            getattr(self.engine_spec, "options", {}),
+            getattr(dm, "train_records", None),
+            self.model_path,
+            self.model_spec,
+            self.hparams.max_new_tokens,
+        )  # before policy and engine
+        self.policy, self.tokenizer = load_policy(self.model_path)
+        if hasattr(dm, "use_tokenizer"):
+            dm.use_tokenizer(self.tokenizer)  # chat-template prompts for chat models (GSM8K/MATH sources)
+        self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
+        if self.hparams.activation_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+            self.policy.config.use_cache = False
+        if self.hparams.kl_coef > 0:
+            ref, _ = load_policy(self.model_path)
+            self._ref = [ref.eval().requires_grad_(False)]
+        self.engine = self.engine_spec.build(self.model_path, self.policy, self.tokenizer)
+        if self.adapter is not None:  # after the engine: an engine with its own copy copies the base model
+            self.policy = self.adapter.attach(self.policy)
+            self.engine = self.adapter.engine_view(self.engine)
+
+    @override
+    def configure_model(self) -> None:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if self._trainer is not None and isinstance(self.trainer.strategy, ModelParallelStrategy):
+            from logra_lightning.models.fsdp import shard_policy
+
+            shard_policy(self.policy, self.device_mesh)
+
+    @override
+    def configure_optimizers(self):
+        try:
+            opt = self.optimizer_factory([(n, p) for n, p in self.policy.named_parameters() if p.requires_grad])
+            opt = opt if self.adapter is None else self.adapter.wrap_optimizer(opt)
+        except ValueError as err:  # torch.optim and LoGRA reject bad hyperparameters with ValueError
+            raise ConfigError(f"model.optimizer: {err}") from None
+        if not self.hparams.lr_warmup_steps:
+            return opt
+        # Adam's first steps move every weight by ~lr whatever the gradient's size; on noisy RL
+        # gradients a linear ramp keeps those first steps from undoing the warm-up.
+        warm = self.hparams.lr_warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": sched}
+
+    @override
+    def teardown(self, stage: str) -> None:
+        if self.engine is not None and stage == "fit":
+            self.engine.close()
+
+    # ------------------------------------------------------------- the RL step
+    @override
+    def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
+        start = time.perf_counter()
+        hp, G = self.hparams, self.hparams.group_size
+        prompts, answers = batch["prompt"], batch["answer"]
+        prompt_ids = [self.tokenizer.encode(p) for p in prompts]
+
+        with announce_phase(self, "rollout"):
+            rollout = self._generate(prompt_ids, G)
+        unusable = degenerate_rollout(rollout)
+        if not all_ranks_agree(self._trainer, unusable is None):
+            self.faults.skip("batch", unusable or "unusable rollout on another rank", self.trainer, self.global_step)
+            self._log_health(rollout, start, len(prompts))
+            return
+        rewards = self._score(
+            [p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)]
+        )
+        traj = self._trajectory([p for p in prompt_ids for _ in range(G)], rollout, rewards)
+
+        stats: dict[str, float] = {}
+        for epoch in range(hp.ppo_epochs):
+            with announce_phase(self, "forward_backward"):
+                finite = self._loss_and_backward(traj, epoch, stats)
+            with announce_phase(self, "optimizer"):
+                self._optimizer_step(finite)
+        if traj.tis_weights is not None:
+            stats["policy/tis_weight_mean"] = masked_mean(traj.tis_weights, traj.seqs.mask).item()
+        self._log_step(stats, rewards, rollout, start, len(prompts))
+
+    def _trajectory(self, prompt_ids: list[list[int]], rollout: Rollout, rewards: torch.Tensor) -> Trajectory:
+        """The step's :class:`~logra_lightning.rl.trajectory.Trajectory`: sequences, advantages, and what stays fixed
+        over the PPO epochs (pi_old's logprobs, the TIS weights, the reference's logprobs).
+
+        Also records the engine's drift (``engine_logprob_gap``) and makes this batch the KL probe's.
+        """
+        hp = self.hparams
+        seqs = pack_sequences(prompt_ids, rollout.completion_ids, self.tokenizer.pad_token_id).to(self.device)
+        self._probe = seqs
+        self._kl_probe.cache.clear()
+        old_lp = self._logprobs(seqs)  # [N, L-1], no grad: pi_old
+        engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids], old_lp.shape[1]).to(old_lp.device)
+        self.engine_logprob_gap = logprob_gap(old_lp, engine_lp, seqs.mask)
+        return Trajectory(
+            seqs=seqs,
+            rewards=rewards,
+            advantages=grpo_advantages(rewards, hp.group_size, scale_by_std=hp.scale_by_std).to(self.device),  # [N]
+            old_logprobs=old_lp,
+            tis_weights=None if hp.tis_cap is None else tis_weights(old_lp, engine_lp, hp.tis_cap, seqs.mask),
+            ref_logprobs=self._logprobs(seqs, self._ref[0]) if self._ref else None,  # [N, L-1]
+        )
+
+    def _loss_and_backward(self, traj: Trajectory, epoch: int, stats: dict[str, float]) -> bool:
+        """One PPO epoch: loss and ``manual_backward`` per micro-batch; adds its stats; False if a loss was not finite."""
+        hp, finite = self.hparams, True
+        cfg = LossConfig(clip_low=hp.clip_low, clip_high=hp.clip_high, kl_coef=hp.kl_coef)
+        n, micro = len(traj.seqs.ids), hp.micro_batch_size or len(traj.seqs.ids)
+        for lo in range(0, n, micro):
+            mb = traj.rows(slice(lo, lo + micro))
+            logprobs, entropy = token_logprobs(self.policy, mb.seqs, hp.temperature, entropy=epoch == 0)  # [n, L-1]
+            loss, st = grpo_loss(logprobs, mb, traj.num_tokens, cfg, entropy=entropy)
+            self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
+            finite = finite and math.isfinite(st["loss/policy"])
+            for key, value in st.items():  # stats are shares of the batch; entropy is from epoch 0 only
+                stats[key] = stats.get(key, 0.0) + (value if key == "policy/entropy" else value / hp.ppo_epochs)
+        return finite
+
+    def _optimizer_step(self, finite: bool) -> None:
+        """Step, or skip the step on every rank: a non-finite loss, gradient or sketch moves nothing.
+
+        ``zero_grad()`` clears gradients and sketches either way; a skipped step leaves the moments,
+        the learning rate and the callbacks' state as they were.
+        """
+        opt = self.optimizers()
+        if all_ranks_agree(self._trainer, finite and grads_finite(opt)):
+            opt.step()
+            self.faults.stepped()
+            if self.lr_schedulers() is not None:
+                self.lr_schedulers().step()
+        else:
+            self.faults.skip(
+                "step", "non-finite loss" if not finite else "non-finite gradients", self.trainer, self.global_step
+            )
+        opt.zero_grad()
+
+    def _log_step(
+        self, stats: dict[str, float], rewards: torch.Tensor, rollout: Rollout, start: float, batch_size: int
+    ) -> None:
+        self.log_dict(stats, batch_size=batch_size)
+        self._log_health(rollout, start, batch_size)
+        self.log_dict(
+            {
+                "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+                "reward/errors": float(self.faults.reward_errors),
+            },
+            batch_size=batch_size,
+        )
+        self.log_dict(
+            {
+                "reward/mean": rewards.mean().item(),
+                "reward/accuracy": (rewards >= self.hparams.correct_reward).float().mean().item(),
+            },
+            prog_bar=True,
+            batch_size=batch_size,
+        )
+
+    # ---------------------------------------------- rollout, rewards, logprobs
+    def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
+        """Sample ``n`` completions per prompt with this rollout's seed; a failing engine stops training."""
+        sampling = self.sampling
+        if sampling.seed is None:  # a subclass may set its own seed
+            seed = mix_seed(self._sampling_seed or 0, self._rollouts, self.global_rank) % (2**31 - 1)
+            sampling = dataclasses.replace(sampling, seed=seed)
+        try:
+            rollout = self.engine.generate(prompt_ids, n=n, sampling=sampling)
+            if len(rollout) != len(prompt_ids) * n:
+                raise RuntimeError(f"returned {len(rollout)} completions for {len(prompt_ids)} prompts x {n} samples")
+        except Exception as err:
+            raise engine_failure(err, self.engine, self.global_step, self._trainer) from err
+        self._rollouts += 1
+        return rollout
+
+    def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
+        self.log_dict({**rollout.metrics(time.perf_counter() - start), **self.faults.metrics()}, batch_size=batch_size)
+
+    def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
+        return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step)  # [N]
+
+    def _logprobs(self, seqs: PackedBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Log-probabilities of the targets ``[N, L-1]`` under ``model`` (default: the policy), micro-batched.
+
+        For the policy, once a :class:`~logra_lightning.callbacks.KLStepControl` has asked for
+        probe logits, the logits at this batch's probe positions are kept for its first call.
+        """
+        # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
+        keep = model is None and not torch.is_autocast_enabled(self.device.type)
+        probe = self._kl_probe.base_recorder(seqs, self.global_step) if keep else None
+        lp = sequence_logprobs(
+            model or self.policy,
+            seqs,
+            self.hparams.micro_batch_size,
+            self.hparams.temperature,
+            on_logits=probe.add if probe is not None else None,
+        )
+        if probe is not None:
+            probe.save(self.policy)
+        return lp
+
+    # ---------------------------------------------------------- KL probe protocol
+    @torch.no_grad()
+    def kl_probe_logits(self, max_tokens: int) -> torch.Tensor:
+        """Logits ``[N, V]`` (N <= ``max_tokens``) at a fixed subsample of the current batch's completion tokens.
+
+        The subsample (whole completions in a seeded order, :func:`~logra_lightning.kl.probe.probe_positions`)
+        depends only on the batch and ``global_step``, so every call within one step returns
+        the same positions (at whatever the weights are then). The call at unchanged weights
+        reuses the logits of the ``pi_old`` pass (:class:`~logra_lightning.kl.probe.ProbeCache`).
+        """
+        if self._probe is None:
+            raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
+        return self._kl_probe.logits(self.policy, self._probe, self.global_step, max_tokens)
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["logra"] = {
+            "accuracy_history": list(self.accuracy_history),
+            **self.faults.state_dict(),  # reward_errors, skipped_steps, skipped_batches, consecutive_skips
+            "rollouts": self._rollouts,  # the next rollout's sampling seed follows from it
+            "sampling_seed": self._sampling_seed,
+        }
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("logra", {})
+        self.accuracy_history = [tuple(x) for x in state.get("accuracy_history", [])]
+        self.faults.load_state_dict(state)
+        self._rollouts = state.get("rollouts", 0)
+        if state.get("sampling_seed") is not None and self.hparams.sampling_seed is None:
+            self._sampling_seed = state["sampling_seed"]
+        if self.policy is None:  # restoring outside fit: build the policy so its weights can load
+            self.setup("validate")
