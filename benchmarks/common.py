@@ -17,6 +17,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from logra_lightning.optim import host_memory
+from logra_lightning.optim.host_memory import reset_peak_rss  # noqa: F401 - the benchmarks' import path
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ROOT / "configs"
@@ -26,18 +31,7 @@ PEERS = ("galore-torch", "apollo-torch", "bitsandbytes", "torchao", "trl", "acce
 
 def proc_memory() -> dict[str, int]:
     """This process's ``VmRSS`` (resident now) and ``VmHWM`` (peak since the last reset), in bytes."""
-    out = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmRSS", "VmHWM")):
-            key, val = line.split(":")
-            out[key] = int(val.split()[0]) * 1024
-    return out
-
-
-def reset_peak_rss() -> None:
-    """Reset the kernel's peak-RSS counter (``VmHWM``) to the current RSS."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    return {"VmRSS": host_memory.rss(), "VmHWM": host_memory.peak_rss()}
 
 
 def load_average() -> dict[str, float]:
@@ -60,11 +54,7 @@ def machine_info() -> dict[str, Any]:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    mem = None
-    try:
-        mem = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal"))) * 1024
-    except (OSError, StopIteration):
-        pass
+    mem = psutil.virtual_memory().total
     versions = {d: _version(d) for d in ("torch", "transformers", "lightning", *PEERS)}
     return {
         "cpu": cpu,

@@ -79,9 +79,10 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     from transformers import TrainerCallback
 
     from logra_lightning.builtin import resolve_model
-    from logra_lightning.builtin.sft import greedy_accuracy  # the same greedy exact match as the module
     from logra_lightning.models import load_policy
     from logra_lightning.rewards import ExactMatchReward
+    from logra_lightning.rollout import HFEngine
+    from logra_lightning.rollout.greedy import greedy_accuracy  # the module's evaluator
 
     path = resolve_model("builtin:arithmetic-tiny")
     train, test = _sources(s)
@@ -103,7 +104,9 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     reset_peak_rss()
     rss_before = proc_memory()["VmRSS"]
     model, tok = load_policy(path)
-    acc_before = greedy_accuracy(model, tok, test, s["max_new_tokens"])
+    acc_before = greedy_accuracy(
+        HFEngine(model, tok), tok, test, exact, max_new_tokens=s["max_new_tokens"], batch_size=128
+    )
     n = s["batch_size"] * s["group_size"]
     peft_config = None
     if lora is not None:
@@ -164,7 +167,9 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     t0 = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - t0
-    acc_after = greedy_accuracy(trainer.model, tok, test, s["max_new_tokens"])
+    acc_after = greedy_accuracy(
+        HFEngine(trainer.model, tok), tok, test, exact, max_new_tokens=s["max_new_tokens"], batch_size=128
+    )
     rewards = [[h["step"], h["reward"]] for h in trainer.state.log_history if "reward" in h]
     return {
         "version": trl.__version__,

@@ -3,8 +3,8 @@
 Example::
 
     >>> import torch
-    >>> local(torch.ones(2)).shape  # a plain tensor is its own local shard
-    torch.Size([2])
+    >>> local(torch.ones(2)).shape, full(torch.ones(2)).shape  # a plain tensor is its own shard and whole
+    (torch.Size([2]), torch.Size([2]))
     >>> warn = WarnOnce(warn=print)
     >>> warn("k", "said once"); warn("k", "said once")
     said once
@@ -23,6 +23,11 @@ import torch
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (FSDP2), else the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, detached: all-gathered if ``t`` is a DTensor (FSDP2; a collective), else ``t`` itself."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
 class WarnOnce:

@@ -29,10 +29,12 @@ import statistics
 import time
 from typing import Any
 
+from logra_lightning.plan.memory import PHASES as PLAN_PHASES
+from logra_lightning.rl.phases import PHASES
+
 SCHEMA = "logra-gpu-check/1"
 GB = 1e9  # MemoryMonitor's unit; every *_gb in the JSON is 1e9 bytes
-PHASES = ("rollout", "forward_backward", "optimizer", "weight_sync")
-BACKWARD_PHASES = ("loss_backward", "head_backward", "layer_backward", "embedding_backward")
+BACKWARD_PHASES = tuple(p for p in PLAN_PHASES if p.endswith("_backward"))
 PROMPT_TOKENS = 6  # "dd+dd=" with the character tokenizer: the longest arithmetic prompt (max_digits=2)
 
 

@@ -30,6 +30,17 @@ def raw_tiny_path() -> str:
     return resolve_model("builtin:arithmetic-tiny-raw")
 
 
+def hf_greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int = 5) -> list[str]:
+    """Stripped greedy answers of a transformers model (the in-process HF engine), for comparing with vLLM's."""
+    from logra_lightning.rollout import HFEngine
+    from logra_lightning.rollout.greedy import greedy_completions
+
+    texts = greedy_completions(
+        HFEngine(model, tokenizer), tokenizer, prompts, max_new_tokens=max_tokens, batch_size=128
+    )
+    return [t.strip() for t in texts]
+
+
 def vllm_greedy_answers(model_dir, prompts: list[str], max_tokens: int = 5) -> list[str]:
     """Greedy answers of a plain ``vllm.LLM(model=DIR)`` (its own tokenizer, text prompts), as ``vllm serve DIR`` loads it."""
     import vllm

@@ -185,3 +185,40 @@ def test_cli_error_message_without_traceback(capsys):
     assert proc.returncode == 2
     assert "logra: error: data.batch_size=-3: must be an integer >= 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  {cmd} " in out for cmd in ("fit", "validate", "test", "plan", "export"))
+    assert "predict" not in out
+    with pytest.raises(SystemExit) as err:
+        main([])
+    assert err.value.code == 2 and "usage: logra <command>" in capsys.readouterr().err
+
+
+def test_predict_is_not_offered(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml")])
+    assert "invalid choice: 'predict'" in capsys.readouterr().err
+
+
+def test_test_and_validate_evaluate_the_checkpoint_not_the_base_model(tmp_path, tiny_policy_path):
+    """An engine with its own weights (as vLLM has) is loaded with the checkpoint's before it evaluates."""
+    import torch
+
+    config = str(ROOT / "configs/arithmetic_tiny_adamw.yaml")
+    own_engine = ["--model.engine", "logra_lightning.rollout.HFEngineSpec", "--model.engine.copy_weights", "true"]
+    fit = main(
+        ["fit", "--config", config, *tiny_budget(tmp_path), "--model.optimizer.init_args.lr", "3e-2", *own_engine]
+    )
+    ckpt = str(tmp_path / "trained.ckpt")
+    fit.trainer.save_checkpoint(ckpt)
+    trained = {n: p.detach().clone() for n, p in fit.model.policy.named_parameters()}
+    small = ["--data.val.init_args.test_size", "16", "--trainer.logger.init_args.save_dir", str(tmp_path / "eval")]
+    for command, key in (("test", "test/accuracy"), ("validate", "val/accuracy")):
+        cli = main([command, "--config", config, *small, *own_engine, "--ckpt_path", ckpt])
+        engine = dict(cli.model.engine.model.named_parameters())
+        for name, p in trained.items():
+            torch.testing.assert_close(engine[name], p, rtol=0, atol=0, msg=name)
+        assert 0.0 <= cli.trainer.callback_metrics[key].item() <= 1.0

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import vllm_greedy_answers  # tests/conftest.py
+from conftest import hf_greedy_answers, vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
-from logra_lightning.builtin.sft import greedy_completions
 from logra_lightning.cli import main
 from logra_lightning.errors import ConfigError
 from logra_lightning.io.export import MARKER, export_checkpoint, read_checkpoint
@@ -85,7 +84,7 @@ def run(tmp_path_factory) -> types.SimpleNamespace:
         bar=bar,
         bar_class=type(cli.trainer.progress_bar_callback).__name__,
         weights={k: v.detach().clone() for k, v in policy.state_dict().items()},
-        answers=greedy_completions(policy, tok, PROMPTS, max_new_tokens=5),
+        answers=hf_greedy_answers(policy, tok, [r["prompt"] for r in PROMPTS]),
     )
 
 
@@ -112,7 +111,7 @@ def test_transformers_loads_the_export_and_answers_like_the_trainer(run):
     model = AutoModelForCausalLM.from_pretrained(run.export)  # plain transformers, no logra code
     tok = AutoTokenizer.from_pretrained(run.export)
     assert [tok.encode(r["prompt"]) for r in PROMPTS] == [run.tok.encode(r["prompt"]) for r in PROMPTS]
-    assert greedy_completions(model, run.tok, PROMPTS, max_new_tokens=5) == run.answers
+    assert hf_greedy_answers(model, run.tok, [r["prompt"] for r in PROMPTS]) == run.answers
 
 
 def test_logra_export_from_the_ckpt_matches_the_fit_export(run, tmp_path):

@@ -191,9 +191,9 @@ def test_shard_policy_mesh_and_layers():
         data_parallel_mesh(_FakeMesh({"a": 2, "b": 2}))
     from transformers import AutoModelForCausalLM
 
-    from logra_lightning.models import build_char_tokenizer, tiny_qwen2_config
+    from logra_lightning.models import build_char_tokenizer
 
-    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(TinyModelConfig(num_layers=3), build_char_tokenizer()))
+    model = AutoModelForCausalLM.from_config(TinyModelConfig(num_layers=3).hf_config(build_char_tokenizer()))
     assert decoder_layers(model) == list(model.model.layers)  # from HF's _no_split_modules
     short, long = torch.nn.ModuleList([torch.nn.Linear(2, 2)]), torch.nn.ModuleList([torch.nn.Linear(2, 2)] * 3)
     plain = torch.nn.Sequential(short, long)

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import vllm_greedy_answers  # tests/conftest.py
+from conftest import hf_greedy_answers, vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
-from logra_lightning.builtin.sft import greedy_completions
 from logra_lightning.cli import main
 from logra_lightning.errors import ConfigError
 from logra_lightning.models.lora import LoRA, base_param_name, lora_delta_factors, merge_lora_state_dict
@@ -212,7 +211,7 @@ def lora_run(tmp_path_factory, tiny_policy_path) -> types.SimpleNamespace:
         sync=sync,
         scalars=_scalars(cli.trainer.log_dir),
         merged=cli.model.adapter.merged_state_dict(policy.state_dict()),
-        answers=greedy_completions(policy, tok, PROMPTS, max_new_tokens=5),
+        answers=hf_greedy_answers(policy, tok, [r["prompt"] for r in PROMPTS]),
     )
 
 
@@ -237,7 +236,7 @@ def test_export_of_a_lora_run_is_a_plain_model(lora_run, tmp_path):
     assert not any("lora" in k or "base_layer" in k for k in exported)
     assert set(exported) == set(lora_run.merged) and all(torch.equal(exported[k], lora_run.merged[k]) for k in exported)
     model = AutoModelForCausalLM.from_pretrained(lora_run.export)  # plain transformers, no peft, no logra code
-    assert greedy_completions(model, lora_run.tok, PROMPTS, max_new_tokens=5) == lora_run.answers
+    assert hf_greedy_answers(model, lora_run.tok, [r["prompt"] for r in PROMPTS]) == lora_run.answers
     # logra export from the checkpoint merges the same way
     assert main(["export", "--ckpt_path", str(lora_run.ckpt), "--out", str(tmp_path / "out")]) == 0
     again = load_file(tmp_path / "out" / "model.safetensors")

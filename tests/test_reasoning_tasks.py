@@ -265,12 +265,12 @@ def test_builtin_reasoning_policy_is_registered_with_20m_parameters() -> None:
     from transformers import AutoModelForCausalLM
 
     from logra_lightning.builtin.registry import BUILTIN_MODELS
-    from logra_lightning.config.checks import model_config
-    from logra_lightning.models import build_char_tokenizer, tiny_qwen2_config
+    from logra_lightning.config.model_spec import model_config
+    from logra_lightning.models import build_char_tokenizer
 
     cfg = BUILTIN_MODELS["reasoning-20m"]
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(tiny_qwen2_config(cfg.model, build_char_tokenizer()))
+        model = AutoModelForCausalLM.from_config(cfg.model.hf_config(build_char_tokenizer()))
     assert sum(p.numel() for p in model.parameters()) >= 19_000_000
     assert model_config("builtin:reasoning-20m")["hidden_size"] == 512 and cfg.model.architecture == "llama"
 

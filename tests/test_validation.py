@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -20,9 +21,11 @@ from hypothesis import strategies as st
 import logra_lightning.rl.module as module_mod
 from logra_lightning.cli import main
 from logra_lightning.cli.lightning_cli import LograCLI
-from logra_lightning.config.checks import matrix_shapes, model_config, validate_fit_config
+from logra_lightning.config.checks import validate_fit_config
+from logra_lightning.config.model_spec import model_config
 from logra_lightning.data import GSM8KSource, JSONLSource, PromptDataModule
 from logra_lightning.errors import ConfigError, DataError, LograError
+from logra_lightning.models import parameter_shapes
 from logra_lightning.rl.module import PolicyGradientModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,13 +107,29 @@ def test_rank_check_follows_include_and_exclude(no_model):
         )
 
 
-def test_matrix_shapes_match_the_real_model(tiny_policy_path):
+def test_parameter_shapes_match_the_real_model(tiny_policy_path):
     from logra_lightning.models import load_policy
 
     model, _ = load_policy(tiny_policy_path)
-    real = {n: tuple(p.shape) for n, p in model.named_parameters() if p.ndim == 2}
-    assert matrix_shapes(model_config("builtin:arithmetic-tiny")) == real
-    assert matrix_shapes(model_config(tiny_policy_path)) == real  # from the directory's config.json
+    real = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert parameter_shapes(model_config("builtin:arithmetic-tiny")) == real
+    assert parameter_shapes(model_config(tiny_policy_path)) == real  # from the directory's config.json
+
+
+@pytest.mark.parametrize("family", ["phi3", "qwen3_moe"])
+def test_rank_check_sees_fused_and_expert_weights(tmp_path, family):
+    """The check reads the shapes of the model class itself: Phi-3's fused qkv_proj, a MoE's 3-D experts."""
+    from logra_lightning.config.checks import check_rank
+    from logra_lightning.models import TinyModelConfig, build_tiny_model
+
+    cfg = TinyModelConfig(architecture=family, num_layers=1, hidden_size=64, num_heads=1, num_kv_heads=1)
+    shapes = parameter_shapes(model_config(build_tiny_model(tmp_path / family, cfg)))
+    name = "qkv_proj" if family == "phi3" else "experts.down_proj"
+    (matrix,) = [n for n in shapes if name in n]
+    side = min(shapes[matrix][-1], math.prod(shapes[matrix][:-1]))
+    check_rank(side, shapes, family, include=[name])
+    with pytest.raises(ConfigError, match=rf"rank={side + 1}: larger than the smaller side of {re.escape(matrix)}"):
+        check_rank(side + 1, shapes, family, include=[name])
 
 
 def test_prompt_longer_than_engine_context_fails_before_the_policy_is_built(tmp_path, tiny_policy_path, monkeypatch):

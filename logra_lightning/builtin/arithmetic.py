@@ -28,9 +28,11 @@ from pathlib import Path
 
 import torch
 
-from logra_lightning.builtin.sft import answer_share, greedy_completions, sft_batch, warmup_cosine
+from logra_lightning.builtin.sft import sft_loop
 from logra_lightning.data.arithmetic import ArithmeticSource, ones_carry
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+from logra_lightning.rollout.greedy import greedy_completions
+from logra_lightning.rollout.hf import HFEngine
 
 
 @dataclass
@@ -51,6 +53,10 @@ class WarmupConfig:
     noise_suffix: str = "."
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
 
+    def hf_config(self):
+        """The transformers config of the built model (shapes only; no build, no tokenizer)."""
+        return self.model.hf_config()
+
     def warm_up(self, path: str | Path, init_dir: str | None = None) -> dict:
         """Build and warm up at ``path`` (:func:`warm_up`); ``init_dir`` is unused (no second stage)."""
         return warm_up(path, self)
@@ -64,6 +70,11 @@ class WarmupConfig:
 ARITHMETIC_TINY = TinyModelConfig(hidden_size=256, num_heads=4, num_kv_heads=4, intermediate_size=704, num_layers=4)
 
 
+def answer_share(texts: list[str], records: list[dict], suffix: str = "") -> float:
+    """Fraction of ``texts`` (stripped) equal to their record's answer (or, with ``suffix``, the answer plus it)."""
+    return sum(t.strip() in (r["answer"], r["answer"] + suffix) for t, r in zip(texts, records)) / len(records)
+
+
 def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     """Build the tiny model at ``path`` and train it on the task; return a summary dict."""
     build_tiny_model(path, cfg.model)
@@ -72,25 +83,19 @@ def warm_up(path: str | Path, cfg: WarmupConfig) -> dict:
     test = ArithmeticSource("test", cfg.max_digits, cfg.ops, cfg.test_size, cfg.seed).load()
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, cfg.lr_warmup, cfg.steps))
-    model.train()
-    start, loss = time.perf_counter(), float("nan")
     noise = [cfg.format_noise[0 if ones_carry(r["prompt"]) else 1] for r in train]  # per train problem
-    for _ in range(cfg.steps):
-        records = [
+
+    def sloppy_batch(step: int) -> list[dict]:  # each answer written with the stray suffix at its problem's rate
+        picked = rng.sample(range(len(train)), cfg.batch_size)
+        return [
             dict(train[i], answer=train[i]["answer"] + cfg.noise_suffix) if rng.random() < noise[i] else train[i]
-            for i in rng.sample(range(len(train)), cfg.batch_size)
+            for i in picked
         ]
-        ids, mask, labels = sft_batch(tok, records)
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        loss = out.loss.item()
-    model.eval()
-    texts = greedy_completions(model, tok, test)
+
+    start = time.perf_counter()
+    loss = sft_loop(model, tok, sloppy_batch, steps=cfg.steps, lr=cfg.lr, lr_warmup=cfg.lr_warmup)
+    prompts = [r["prompt"] for r in test]
+    texts = greedy_completions(HFEngine(model, tok), tok, prompts, max_new_tokens=6, batch_size=128)
     summary = {
         "steps": cfg.steps,
         "final_loss": loss,

@@ -1,9 +1,8 @@
-"""Supervised fine-tuning pieces shared by the built-in policies' warm-ups, and their greedy evaluation.
+"""The supervised warm-up loop of the built-in policies: AdamW on the answer tokens of demonstrations.
 
-:func:`sft_batch` turns ``{"prompt", "answer"}`` records into right-padded ids with the loss on
-the answer only; :func:`warmup_cosine` is the warm-ups' learning-rate multiplier;
-:func:`greedy_completions` decodes greedily through the in-process HF engine (the same path
-held-out evaluation takes in the RL loop).
+:func:`sft_loop` is the one loop (every built-in warm-up runs it); :func:`sft_batch` turns
+``{"prompt", "answer"}`` records into right-padded ids with the loss on the answer only;
+:func:`warmup_cosine` is the learning-rate multiplier (linear warm-up, then cosine to 0).
 
 Example::
 
@@ -14,15 +13,18 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-from logra_lightning.rollout.base import SamplingConfig
-from logra_lightning.rollout.hf import HFEngine
-
 
 def warmup_cosine(step: int, warmup: int, total: int) -> float:
-    """LR multiplier: linear ramp over ``warmup`` steps, then cosine from 1 to 0 at ``total``."""
+    """LR multiplier: a linear ramp over ``warmup`` steps times a cosine from 1 to 0 over all ``total`` steps.
+
+    Kept by hand because no library ships this product (transformers' ``get_cosine_schedule_with_warmup``
+    starts the cosine after the ramp): the cached built-in policies and every result measured on them
+    were trained with it, and a different schedule would rebuild them with other weights.
+    """
     ramp = min(1.0, (step + 1) / max(warmup, 1))
     return ramp * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
 
@@ -46,28 +48,39 @@ def sft_batch(tokenizer, records: list[dict]) -> tuple[torch.Tensor, torch.Tenso
     return ids, mask, lab
 
 
-@torch.no_grad()
-def greedy_completions(
-    model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128
-) -> list[str]:
-    """Stripped greedy completions of ``records``' prompts (HF ``generate``)."""
-    engine, texts = HFEngine(model, tokenizer), []
-    for i in range(0, len(records), batch_size):
-        chunk = records[i : i + batch_size]
-        out = engine.generate(
-            [tokenizer.encode(r["prompt"]) for r in chunk],
-            n=1,
-            sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0),
-        )
-        texts += [t.strip() for t in out.texts]
-    return texts
+def sft_loop(
+    model: torch.nn.Module,
+    tokenizer,
+    next_batch: Callable[[int], list[dict]],
+    *,
+    steps: int,
+    lr: float,
+    lr_warmup: int,
+    clip_norm: float | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> float:
+    """Train ``model`` for ``steps`` AdamW steps on ``next_batch(step)``'s records; return the last loss.
 
-
-def answer_share(texts: list[str], records: list[dict], suffix: str = "") -> float:
-    """Fraction of ``texts`` equal to their record's answer (or, with ``suffix``, the answer plus it)."""
-    return sum(t in (r["answer"], r["answer"] + suffix) for t, r in zip(texts, records)) / len(records)
-
-
-def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 6, batch_size: int = 128) -> float:
-    """Fraction of ``records`` whose greedy completion equals the answer."""
-    return answer_share(greedy_completions(model, tokenizer, records, max_new_tokens, batch_size), records)
+    AdamW with betas (0.9, 0.98) and no weight decay, the learning rate ramped over ``lr_warmup``
+    steps and then decayed to 0 (:func:`warmup_cosine`), gradients clipped to ``clip_norm`` if
+    given. ``on_step(step, loss)`` runs after each step (progress lines, evaluation); the model is
+    in train mode during the loop and in eval mode after it.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, lr_warmup, steps))
+    model.train()
+    loss = float("nan")
+    for step in range(steps):
+        ids, mask, labels = sft_batch(tokenizer, next_batch(step))  # [B, L] each
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        loss = out.loss.item()
+        if on_step is not None:
+            on_step(step, loss)
+    model.eval()
+    return loss

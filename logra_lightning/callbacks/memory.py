@@ -38,7 +38,6 @@ validation or the sanity check).
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +49,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from logra_lightning.optim import host_memory
 from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
 
 GB = 1e9
 _FALLBACK_OFF_BY = ("forward_backward", "optimizer")  # announcing either replaces the hook-based phases
-_STATUS = "/proc/self/status"
 
 
 # ------------------------------------------------------------------ probes
@@ -80,26 +79,17 @@ class _CudaProbe:
         pass
 
 
-def _status_kb(field: str) -> int:
-    with open(_STATUS) as f:
-        match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
-    if match is None:
-        raise OSError(f"{field} not found in {_STATUS}")
-    return int(match.group(1)) * 1024
-
-
 class _HighWaterProbe:
     """Process RSS with the kernel's resettable high-water mark (Linux)."""
 
     def current(self) -> int:
-        return _status_kb("VmRSS")
+        return host_memory.rss()
 
     def peak(self) -> int:
-        return _status_kb("VmHWM")
+        return host_memory.peak_rss()
 
     def reset_peak(self) -> None:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # 5: reset the peak RSS only (no page-table side effects)
+        host_memory.reset_peak_rss()
 
     def extra(self) -> dict[str, int]:
         return {}

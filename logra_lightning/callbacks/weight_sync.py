@@ -49,7 +49,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from logra_lightning._util import WarnOnce
+from logra_lightning._util import WarnOnce, full, local
 from logra_lightning.errors import TrainingError
 from logra_lightning.rl.phases import announce_phase
 from logra_lightning.sync.gather import gather_update_factors
@@ -57,11 +57,6 @@ from logra_lightning.sync.wire import LowRankUpdate, match_wire_rounding_, tenso
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _WIRE_DTYPES = tuple(_DTYPES)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor: gathered if ``t`` is a DTensor (FSDP2), detached either way."""
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
 @torch.no_grad()
@@ -75,7 +70,7 @@ def _apply_wire_rounding(optimizer, updates: list[LowRankUpdate], dtype: torch.d
     params = {n: p for g in optimizer.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
     for u in updates:
         p = params[u.name]
-        w = p.to_local() if hasattr(p, "to_local") else p
+        w = local(p)
         w = w.view(-1, w.shape[-1])  # [m_i, n]; a 3-D expert weight as its [E*m, n] matrix
         if w.numel() == 0:
             continue
@@ -284,7 +279,7 @@ class LowRankWeightSync(L.Callback):
 
     def _send_full(self, engine, pl_module: L.LightningModule) -> int:
         policy = self._policy(pl_module)
-        named = [(n, _full(p)) for n, p in policy.named_parameters()]
+        named = [(n, full(p)) for n, p in policy.named_parameters()]
         engine.load_weights(named)
         return sum(tensor_nbytes(t) for _, t in named)
 
@@ -295,7 +290,7 @@ class LowRankWeightSync(L.Callback):
         for opt in self._factored:
             params = {n: p for g in opt.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
             by_name.update({n: self._names.get(id(p), n) for n, p in params.items()})
-            dense += [(self._names.get(id(params[n]), n), _full(params[n])) for n in opt.dense_param_names()]
+            dense += [(self._names.get(id(params[n]), n), full(params[n])) for n in opt.dense_param_names()]
         if self._held_by != id(engine):  # another engine (e.g. rebuilt): it holds nothing of ours
             self._held, self._held_by = {}, id(engine)
         keep = self.cache_bases and getattr(engine, "caches_bases", False)

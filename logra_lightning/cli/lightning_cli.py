@@ -165,11 +165,21 @@ def _model_scalars(config) -> dict[str, Any]:
 
 
 def subcommand_of(argv: list[str]) -> str | None:
-    return next((a for a in argv if a in ("fit", "validate", "test", "predict")), None)
+    return next((a for a in argv if a in ("fit", "validate", "test")), None)
 
 
 class LograCLI(LightningCLI):
-    """LightningCLI with omegaconf interpolation, the project's trainer defaults and start-up checks."""
+    """LightningCLI with omegaconf interpolation, the project's trainer defaults and start-up checks.
+
+    Subcommands: ``fit`` (RL), ``validate`` and ``test`` (held-out greedy accuracy of the policy, or of a
+    checkpoint with ``--ckpt_path``). Lightning's ``predict`` is not offered: the module has no
+    prediction step (sample from an exported policy with ``vllm serve`` instead).
+    """
+
+    @staticmethod
+    @override
+    def subcommands() -> dict[str, set[str]]:
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate", "test")}
 
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(

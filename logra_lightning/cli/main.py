@@ -34,6 +34,17 @@ def _fail(message: str) -> None:
     raise SystemExit(2) from None
 
 
+USAGE = """usage: logra <command> [options]   (logra <command> --help for each command's options)
+
+commands:
+  fit        RL post-training (LightningCLI): logra fit --config configs/arithmetic_tiny.yaml
+  validate   held-out greedy accuracy of the policy, or of a checkpoint (--ckpt_path)
+  test       the same, logged as test/accuracy
+  plan       will RL on this model fit, with AdamW or LoGRA, on these GPUs? (no Lightning, no model download)
+  export     a checkpoint as a Hugging Face directory that transformers and `vllm serve` load
+"""
+
+
 def main(args: list[str] | None = None) -> LograCLI | int | None:
     """Entry point of ``logra`` and ``python -m logra_lightning``; ``args`` defaults to ``sys.argv[1:]``.
 
@@ -49,6 +60,11 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
         import torch.multiprocessing
 
         torch.multiprocessing.set_start_method("spawn", force=True)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
+        if not argv:
+            raise SystemExit(2)  # a command is required, as argparse says with exit status 2
+        return 0 if args is not None else None
     if argv and argv[0] == "plan":
         from logra_lightning import plan
 

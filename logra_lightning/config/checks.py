@@ -43,17 +43,17 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from logra_lightning.config.model_spec import check_model_spec
+from logra_lightning.config.model_spec import check_model_spec, model_config
 from logra_lightning.errors import ConfigError
+from logra_lightning.models.loading import parameter_shapes
 from logra_lightning.models.lora import check_adapter_config
+from logra_lightning.optim.groups import rank_limit
 
 _NUMBER = (int, float)
 
@@ -93,112 +93,26 @@ def check_optimizer_args(args: Mapping[str, Any], key: str = "model.optimizer.in
         raise ConfigError(f"{key}.rank={rank!r}: allowed integers >= 1, or null for dense AdamW")
 
 
-# -------------------------------------------------------------- model shapes
-def model_config(model: str) -> dict | None:
-    """Architecture fields of ``model`` without loading weights, or ``None`` when they cannot be read offline.
-
-    ``builtin:<name>`` comes from :data:`~logra_lightning.builtin.registry.BUILTIN_MODELS`; a local
-    directory from its ``config.json``; a hub name from the local Hugging Face cache only.
-    """
-    from logra_lightning.builtin.registry import BUILTIN_MODELS, BUILTIN_PREFIX
-
-    if model.startswith(BUILTIN_PREFIX):
-        spec = BUILTIN_MODELS.get(model[len(BUILTIN_PREFIX) :])
-        if spec is None:
-            raise ConfigError(f"model.model={model!r}: unknown built-in model; choose one of {sorted(BUILTIN_MODELS)}")
-        m = spec.model
-        return {
-            "hidden_size": m.hidden_size,
-            "intermediate_size": m.intermediate_size,
-            "num_hidden_layers": m.num_layers,
-            "num_attention_heads": m.num_heads,
-            "num_key_value_heads": m.num_kv_heads,
-            "head_dim": m.hidden_size // m.num_heads,
-            "vocab_size": m.vocab_size,
-            "tie_word_embeddings": m.tie_word_embeddings,
-            "max_position_embeddings": m.max_position_embeddings,
-        }
-    path = Path(model).expanduser()
-    if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise ConfigError(f"model.model={model!r}: the directory has no config.json (not a Hugging Face model)")
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(f"model.model={model!r}: {cfg_file} is not valid JSON ({err})") from None
-    elif "/" in model and not model.startswith((".", "/", "~")):
-        try:
-            from transformers import AutoConfig
-
-            cfg = AutoConfig.from_pretrained(model, local_files_only=True).to_dict()
-        except Exception:  # noqa: BLE001 - not cached (offline) or not a model: LoGRA checks at build time
-            return None
-    else:
-        return None
-    if not isinstance(cfg, dict):
-        return None
-    return cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-
-
-def matrix_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
-    """HF names and ``(out, in)`` shapes of the 2-D weights of a Llama/Qwen-style decoder, or ``None``.
-
-    Tied embeddings list ``embed_tokens`` only, as ``named_parameters()`` does.
-    """
-    try:
-        h, inter, layers = int(cfg["hidden_size"]), int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
-        heads, vocab = int(cfg["num_attention_heads"]), int(cfg["vocab_size"])
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        hd = int(cfg.get("head_dim") or h // heads)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    shapes = {"model.embed_tokens.weight": (vocab, h)}
-    for i in range(layers):
-        p = f"model.layers.{i}"
-        shapes.update(
-            {
-                f"{p}.self_attn.q_proj.weight": (heads * hd, h),
-                f"{p}.self_attn.k_proj.weight": (kv * hd, h),
-                f"{p}.self_attn.v_proj.weight": (kv * hd, h),
-                f"{p}.self_attn.o_proj.weight": (h, heads * hd),
-                f"{p}.mlp.gate_proj.weight": (inter, h),
-                f"{p}.mlp.up_proj.weight": (inter, h),
-                f"{p}.mlp.down_proj.weight": (h, inter),
-            }
-        )
-    if not cfg.get("tie_word_embeddings", False):
-        shapes["lm_head.weight"] = (vocab, h)
-    return shapes
-
-
-def _matches(name: str, patterns: Any) -> bool:
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    return bool(patterns) and any(re.search(p, name) for p in patterns)
-
-
+# ------------------------------------------------------------------- rank
 def check_rank(
     rank: int,
-    shapes: Mapping[str, tuple[int, int]],
+    shapes: Mapping[str, Sequence[int]],
     model: str,
     include: Any = None,
     exclude: Any = None,
     key: str = "model.optimizer.init_args.rank",
 ) -> None:
-    """``rank`` must not exceed the smaller side of any matrix LoGRA makes low-rank (its name+shape rule).
+    """``rank`` must not exceed the smaller side of any matrix LoGRA makes low-rank (:func:`~logra_lightning.optim.groups.rank_limit`).
 
     Raises:
         ConfigError: naming the key, the rank, the smallest such matrix and the allowed range.
     """
-    chosen = {n: s for n, s in shapes.items() if (include is None or _matches(n, include)) and not _matches(n, exclude)}
-    if not chosen:
-        return
-    name, shape = min(chosen.items(), key=lambda item: min(item[1]))
-    if rank > min(shape):
+    bound = rank_limit(shapes.items(), include=include, exclude=exclude)
+    if bound is not None and rank > bound[2]:
+        name, shape, limit = bound
         raise ConfigError(
             f"{key}={rank}: larger than the smaller side of {name} {list(shape)} in {model}; allowed "
-            f"1 <= rank <= {min(shape)} (or keep that matrix dense with exclude=[...])"
+            f"1 <= rank <= {limit} (or keep that matrix dense with exclude=[...])"
         )
 
 
@@ -424,7 +338,6 @@ def validate_fit_config(cfg: Mapping[str, Any]) -> None:
     rank = opt_args.get("rank")
     if rank is None or not isinstance(model, str):
         return
-    arch = model_config(model)
-    shapes = matrix_shapes(arch) if arch else None
-    if shapes:
-        check_rank(rank, shapes, model, opt_args.get("include"), opt_args.get("exclude"))
+    fields = model_config(model)
+    if fields is not None:
+        check_rank(rank, parameter_shapes(fields), model, opt_args.get("include"), opt_args.get("exclude"))

@@ -298,3 +298,40 @@ def check_hub_model(repo: str, key: str = "model.model") -> None:
             f"not a local directory, not in the local Hugging Face cache ({constants.HF_HUB_CACHE}), "
             f"and the hub cannot be reached ({why}). {_prefetch_hint(repo)}",
         ) from None
+
+
+def model_config(model: str) -> dict | None:
+    """Architecture fields (``config.json``'s) of ``model`` without loading weights; ``None`` when unreadable offline.
+
+    ``builtin:<name>`` comes from the built-in's own spec (``hf_config()``); a local directory from
+    its ``config.json``; a hub name from the local Hugging Face cache only. A multimodal config's
+    ``text_config`` is returned for the text decoder.
+    """
+    from logra_lightning.builtin.registry import BUILTIN_MODELS, BUILTIN_PREFIX
+
+    if model.startswith(BUILTIN_PREFIX):
+        spec = BUILTIN_MODELS.get(model[len(BUILTIN_PREFIX) :])
+        if spec is None:
+            raise ConfigError(f"model.model={model!r}: unknown built-in model; choose one of {sorted(BUILTIN_MODELS)}")
+        return spec.hf_config().to_dict()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ConfigError(f"model.model={model!r}: the directory has no config.json (not a Hugging Face model)")
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ConfigError(f"model.model={model!r}: {cfg_file} is not valid JSON ({err})") from None
+    elif "/" in model and not model.startswith((".", "/", "~")):
+        try:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(model, local_files_only=True).to_dict()
+        except Exception:  # noqa: BLE001 - not cached (offline) or not a model: LoGRA checks at build time
+            return None
+    else:
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    return cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg

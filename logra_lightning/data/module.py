@@ -84,7 +84,8 @@ class PromptDataModule(L.LightningDataModule):
 
     Args:
         train: source of training prompts.
-        val: source of held-out prompts (``val/accuracy``); ``None`` to skip evaluation.
+        val: source of held-out prompts (``val/accuracy``, and ``test/accuracy`` under ``logra test``);
+            ``None`` to skip evaluation.
         batch_size: prompts per RL step (each is sampled ``group_size`` times by the module).
         val_batch_size: prompts per evaluation batch.
         seed: shuffle seed (epoch ``e`` uses ``seed + e``).
@@ -163,6 +164,10 @@ class PromptDataModule(L.LightningDataModule):
         if not self.val_records:
             return []
         return DataLoader(self.val_records, batch_size=self.val_batch_size, collate_fn=collate_records)
+
+    def test_dataloader(self) -> DataLoader | list:
+        """The held-out prompts (``logra test`` evaluates a checkpoint on them, as ``validate`` does)."""
+        return self.val_dataloader()
 
     # ---------------------------------------------------------------- position
     @override

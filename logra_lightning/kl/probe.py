@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from logra_lightning._util import local
+
 if TYPE_CHECKING:  # the batch type only: kl/ sits below rl/, which calls it
     from logra_lightning.rl.trajectory import PackedBatch
 
@@ -65,7 +67,7 @@ def probe_positions(mask: torch.Tensor, max_tokens: int, seed: int) -> tuple[tor
 
 def weights_version(module: torch.nn.Module) -> tuple[int, ...]:
     """In-place version counters of ``module``'s parameters (local shards under FSDP2)."""
-    return tuple((p.to_local() if hasattr(p, "to_local") else p)._version for p in module.parameters())
+    return tuple(local(p)._version for p in module.parameters())
 
 
 class ProbeCache:

@@ -8,7 +8,7 @@
 * :mod:`~logra_lightning.models.shapes` — architecture fields of real models, for ``logra plan``.
 """
 
-from logra_lightning.models.loading import load_policy, load_tokenizer
+from logra_lightning.models.loading import hf_config, load_policy, load_tokenizer, parameter_shapes
 from logra_lightning.models.lora import LoRA
 from logra_lightning.models.tiny import (
     CHARS,
@@ -18,7 +18,6 @@ from logra_lightning.models.tiny import (
     TinyModelConfig,
     build_char_tokenizer,
     build_tiny_model,
-    tiny_qwen2_config,
 )
 
 __all__ = [
@@ -30,7 +29,8 @@ __all__ = [
     "TinyModelConfig",
     "build_char_tokenizer",
     "build_tiny_model",
+    "hf_config",
     "load_policy",
     "load_tokenizer",
-    "tiny_qwen2_config",
+    "parameter_shapes",
 ]

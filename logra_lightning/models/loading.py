@@ -1,4 +1,4 @@
-"""Loading a policy and its tokenizer: a hub name, a local Hugging Face directory, or a built-in's cache.
+"""Loading a policy and its tokenizer (a hub name or a local Hugging Face directory), and its shapes from its config.
 
 :func:`load_policy` is the code path a user takes with ``Qwen/Qwen2.5-0.5B-Instruct`` or a
 local checkpoint, and the one every test takes with the tiny models of
@@ -9,10 +9,12 @@ the hub or its cache); local directories never touch the network.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
@@ -49,3 +51,29 @@ def load_policy(name_or_path: str, dtype: torch.dtype = torch.float32):
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
     return model, tokenizer
+
+
+def hf_config(fields: Mapping[str, Any] | PretrainedConfig) -> PretrainedConfig:
+    """A transformers config from ``config.json``-style fields (``model_type`` picks the class)."""
+    if isinstance(fields, PretrainedConfig):
+        return fields
+    fields = dict(fields)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def parameter_shapes(config: Mapping[str, Any] | PretrainedConfig) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the model's parameters, built on the meta device from its config (no weights, no memory).
+
+    The names are exactly ``named_parameters()``'s for every family transformers knows (fused
+    ``qkv_proj`` of Phi-3, 3-D experts of MoE models; a tied ``lm_head`` is not listed).
+
+    Example::
+
+        >>> from logra_lightning.models.tiny import TinyModelConfig
+        >>> shapes = parameter_shapes(TinyModelConfig(num_layers=1).hf_config())
+        >>> shapes["model.layers.0.self_attn.q_proj.weight"], "lm_head.weight" in shapes
+        ((128, 128), True)
+    """
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config(config))
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}

@@ -26,6 +26,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from logra_lightning.models.architectures import tiny_hf_config
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 # Printable ASCII covers the arithmetic task and simple user JSONL data.
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
@@ -54,6 +56,22 @@ class TinyModelConfig:
         if self.vocab_size < len(CHARS) + 3:
             raise ValueError(f"vocab_size={self.vocab_size} must be >= {len(CHARS) + 3} (the character vocabulary)")
 
+    def hf_config(self, tokenizer: PreTrainedTokenizerFast | None = None):
+        """The transformers config of this model (its family's class); ``tokenizer`` sets the EOS and pad ids."""
+        return tiny_hf_config(
+            self.architecture,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings,
+            eos_token_id=None if tokenizer is None else tokenizer.eos_token_id,
+            pad_token_id=None if tokenizer is None else tokenizer.pad_token_id,
+        )
+
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer (``tokenizers`` WordLevel over single characters)."""
@@ -66,25 +84,6 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
 
 
-def tiny_qwen2_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast):
-    """The transformers config of ``cfg`` (any family; the name is kept from when there was one)."""
-    from logra_lightning.models.architectures import tiny_hf_config
-
-    return tiny_hf_config(
-        cfg.architecture,
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
 def build_tiny_model(path: str | Path, cfg: TinyModelConfig | None = None) -> str:
     """Create a randomly initialised tiny model (``cfg.architecture``) + char tokenizer at ``path``; return the path."""
     cfg = cfg or TinyModelConfig()
@@ -92,7 +91,7 @@ def build_tiny_model(path: str | Path, cfg: TinyModelConfig | None = None) -> st
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer()
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(cfg, tokenizer), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg.hf_config(tokenizer), dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path, safe_serialization=True)

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -47,13 +48,16 @@ from torch import nn
 EMBEDDING_PATTERNS: tuple[str, ...] = (r"embed_tokens\.", r"(^|\.)wte\.", r"word_embeddings\.", r"embed_in\.")
 
 
-def _matches(name: str, patterns: Sequence[str] | None) -> bool:
+def matches(name: str, patterns: str | Sequence[str] | None) -> bool:
+    """True when any regex of ``patterns`` (one string or several) is found in ``name`` (``re.search``)."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
     return bool(patterns) and any(re.search(p, name) for p in patterns)
 
 
 def is_embedding_name(name: str) -> bool:
     """True if ``name`` looks like an input-embedding weight (see :data:`EMBEDDING_PATTERNS`)."""
-    return _matches(name, EMBEDDING_PATTERNS)
+    return matches(name, EMBEDDING_PATTERNS)
 
 
 #: Names of 3-D fused-expert weights, matched with ``re.search``.
@@ -66,16 +70,16 @@ ROUTER_PATTERNS: tuple[str, ...] = (r"mlp\.gate\.weight$", r"block_sparse_moe\.g
 
 def is_expert_weight(name: str, param: torch.Tensor) -> bool:
     """True for a 3-D fused-expert weight ``[E, m, n]`` (see :data:`EXPERT_PATTERNS`)."""
-    return param.ndim == 3 and _matches(name, EXPERT_PATTERNS)
+    return param.ndim == 3 and matches(name, EXPERT_PATTERNS)
 
 
 def is_eligible(name: str, param: torch.Tensor, include=None, exclude=None) -> bool:
     """The name+shape rule: 2-D or a 3-D expert weight, (no ``include`` or matches it), not matching ``exclude``."""
-    if not (param.ndim == 2 or is_expert_weight(name, param)) or _matches(name, exclude):
+    if not (param.ndim == 2 or is_expert_weight(name, param)) or matches(name, exclude):
         return False
-    if _matches(name, ROUTER_PATTERNS) and not _matches(name, include):
+    if matches(name, ROUTER_PATTERNS) and not matches(name, include):
         return False
-    return include is None or _matches(name, include)
+    return include is None or matches(name, include)
 
 
 def _build_groups(lowrank, dense, rank, lowrank_kwargs, emb_ids=frozenset()) -> list[dict[str, Any]]:
@@ -160,10 +164,40 @@ def logra_param_groups(
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        eligible = (p.ndim == 2 and (id(p) in by_type or _matches(name, include))) or is_expert_weight(name, p)
-        chosen = eligible and not _matches(name, exclude)
+        eligible = (p.ndim == 2 and (id(p) in by_type or matches(name, include))) or is_expert_weight(name, p)
+        chosen = eligible and not matches(name, exclude)
         (lowrank if chosen else dense).append((name, p))
     return _build_groups(lowrank, dense, rank, {"update_proj_gap": update_proj_gap, **lowrank_kwargs}, emb_ids)
+
+
+def rank_limit(
+    shapes: Iterable[tuple[str, Sequence[int]]], *, include=None, exclude=None
+) -> tuple[str, tuple[int, ...], int] | None:
+    """The largest rank LoGRA accepts for these params: the smallest side of any matrix it makes low-rank.
+
+    ``shapes`` are ``(name, shape)`` pairs (e.g. from
+    :func:`~logra_lightning.models.loading.parameter_shapes`); the name+shape rule is
+    :func:`is_eligible`'s, and a 3-D expert weight counts as its ``[E*m, n]`` matrix (what
+    ``LowRankMatrix.build`` checks when the optimizer is built).
+
+    Returns:
+        ``(name, shape, limit)`` of the matrix that bounds the rank, or ``None`` when no param is low-rank.
+
+    Example::
+
+        >>> rank_limit([("a.weight", (64, 16)), ("b.weight", (8, 64)), ("norm", (64,))])
+        ('b.weight', (8, 64), 8)
+        >>> rank_limit([("b.weight", (8, 64))], exclude=["b"]) is None
+        True
+    """
+    best = None
+    for name, shape in shapes:
+        if not is_eligible(name, torch.empty(tuple(shape), device="meta"), include, exclude):
+            continue
+        limit = min(math.prod(shape[:-1]), shape[-1])
+        if best is None or limit < best[2]:
+            best = (name, tuple(shape), limit)
+    return best
 
 
 def normalize_params(params: Any) -> list[dict[str, Any]]:

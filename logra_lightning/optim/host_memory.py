@@ -1,4 +1,5 @@
-"""Give freed host (CPU) memory back to the OS during backward and after a step (docs/design.md §2).
+"""Host (CPU) memory: give freed memory back to the OS during backward and after a step (docs/design.md §2),
+and read the process's resident size and its resettable peak.
 
 glibc's malloc keeps freed heap chunks resident: once an mmapped chunk of up to 32 MiB has
 been freed, its dynamic mmap threshold rises to that size, and from then on every tensor
@@ -14,9 +15,14 @@ candidate updates and refresh buffers are gone.
 Elsewhere (musl, macOS, Windows) :func:`trim` does nothing and returns ``False``. Tensors on a
 GPU are untouched (the CUDA caching allocator keeps its own pool; this only trims host memory).
 
+The peak is the kernel's high-water mark ``VmHWM``, which Linux (>= 4.0) resets when ``5`` is written
+to ``/proc/self/clear_refs``; psutil reads the resident size but has no resettable peak.
+
 Example::
 
     >>> isinstance(trim(), bool)
+    True
+    >>> reset_peak_rss(); peak_rss() >= rss() * 0.5 > 0
     True
 """
 
@@ -25,6 +31,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
+
+import psutil
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,3 +52,27 @@ def trim() -> bool:
     """Return free heap pages to the OS (``malloc_trim(0)``); ``True`` if any memory was released."""
     fn = _malloc_trim()
     return bool(fn(0)) if fn is not None else False
+
+
+def rss() -> int:
+    """This process's resident set size, in bytes."""
+    return psutil.Process().memory_info().rss
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size since the last :func:`reset_peak_rss` (``VmHWM``), in bytes.
+
+    Raises:
+        OSError: not on Linux (no ``/proc/self/status`` with ``VmHWM``).
+    """
+    with open("/proc/self/status") as f:
+        match = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.MULTILINE)
+    if match is None:
+        raise OSError("VmHWM not found in /proc/self/status")
+    return int(match.group(1)) * 1024
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS counter to the current RSS (Linux >= 4.0; raises ``OSError`` elsewhere)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # 5: reset the peak RSS only (no page-table side effects)

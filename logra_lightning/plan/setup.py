@@ -18,6 +18,7 @@ from typing import Any
 
 from logra_lightning.errors import ConfigError
 from logra_lightning.models.shapes import Architecture
+from logra_lightning.optim.groups import rank_limit
 
 GiB = 1024**3
 PRECISIONS = ("fp32", "bf16-mixed", "bf16-true")
@@ -116,14 +117,14 @@ class PlanSetup:
 
 
 def check_rank(arch: Architecture, rank: int) -> None:
-    """The optimizer's rule: ``rank <= min(m, n)`` of every low-rank matrix."""
-    if rank > arch.hidden_size:
-        raise PlanError(f"rank={rank} is larger than the model's hidden_size={arch.hidden_size}")
-    smallest, m = arch.min_matrix_dim()
-    if rank > smallest:
+    """The optimizer's rule (:func:`~logra_lightning.optim.groups.rank_limit`): ``rank <= min(m, n)`` of every
+    low-rank matrix."""
+    bound = rank_limit((m.name, (m.rows, m.cols)) for m in arch.matrices())
+    if bound is not None and rank > bound[2]:
+        name, (rows, cols), limit = bound
         raise PlanError(
-            f"rank={rank} is larger than min(m, n)={smallest} of {m.name} with shape "
-            f"({m.rows}, {m.cols}) (allowed: 1 <= rank <= {smallest})"
+            f"rank={rank} is larger than min(m, n)={limit} of {name} with shape ({rows}, {cols}) "
+            f"(allowed: 1 <= rank <= {limit})"
         )
 
 

@@ -6,25 +6,23 @@ base), so the module itself keeps the RL step. It evaluates three ways, all thro
 engine with greedy decoding and the module's reward (a sample is correct when its reward is at
 least ``correct_reward``):
 
-* ``validation_step``: per validation batch (:func:`greedy_correct`), ``val/accuracy``;
-* at the start and the end of ``fit``: the whole validation set at once (:func:`held_out_accuracy`),
-  logged at that step to every logger (:func:`log_accuracy`);
+* ``validation_step``: per validation batch, ``val/accuracy``;
+* at the start and the end of ``fit``: the whole validation set at once
+  (:func:`~logra_lightning.rollout.greedy.greedy_accuracy`), logged at that step to every logger
+  (:func:`log_accuracy`);
 * at the end of ``fit``: ``summary.json`` in the log directory and one printed line
   (:func:`write_fit_summary`): accuracy before and after, steps, seconds.
 
 Example::
 
-    >>> class Always:  # a stand-in "correct" function: every sample right
-    ...     def __call__(self, prompts, answers): return torch.ones(len(prompts))
-    >>> held_out_accuracy([{"prompt": "1+1=", "answer": "2"}] * 3, batch_size=2, correct=Always())
-    1.0
+    >>> log_accuracy([], accuracy=0.5, step=3)  # no logger: nothing to do
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,36 +30,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from logra_lightning.rollout import SamplingConfig
-
-
-def greedy_correct(
-    engine,
-    tokenizer,
-    score: Callable[..., torch.Tensor],
-    prompts: list[str],
-    answers: list[str],
-    *,
-    max_new_tokens: int,
-    correct_reward: float,
-) -> torch.Tensor:
-    """``[B]``: 1.0 where the greedy completion of a prompt scores at least ``correct_reward``."""
-    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-    out = engine.generate([tokenizer.encode(p) for p in prompts], n=1, sampling=sampling)
-    return (score(prompts, out.texts, answers) >= correct_reward).float()
-
-
-def held_out_accuracy(
-    records: Sequence[dict[str, str]] | None, batch_size: int, correct: Callable[[list[str], list[str]], torch.Tensor]
-) -> float | None:
-    """Share of ``records`` (``{"prompt", "answer"}``) that ``correct`` marks right, in batches; ``None`` without records."""
-    if not records:
-        return None
-    hits = [
-        correct([r["prompt"] for r in records[i : i + batch_size]], [r["answer"] for r in records[i : i + batch_size]])
-        for i in range(0, len(records), batch_size)
-    ]
-    return torch.cat(hits).mean().item()
+from logra_lightning._util import full
+from logra_lightning.rollout.greedy import correct, greedy_accuracy, greedy_completions
 
 
 def log_accuracy(loggers: Sequence[Any], accuracy: float, step: int) -> None:
@@ -101,12 +71,14 @@ def write_fit_summary(
 class HeldOutEvaluation:
     """The evaluation hooks of :class:`~logra_lightning.rl.module.PolicyGradientModule` (a mixin before ``LightningModule``).
 
-    Uses the module's ``engine``, ``tokenizer``, ``_score``, ``hparams`` (``eval_max_new_tokens``,
-    ``max_new_tokens``, ``correct_reward``), ``val_accuracy`` (a ``MeanMetric``) and
-    ``accuracy_history`` (``[(step, accuracy)]``, checkpointed by the module).
+    Uses the module's ``engine``, ``tokenizer``, ``policy``, ``_score``, ``hparams`` (``eval_max_new_tokens``,
+    ``max_new_tokens``, ``correct_reward``), ``val_accuracy`` and ``test_accuracy`` (``MeanMetric``) and
+    ``accuracy_history`` (``[(step, accuracy)]``, checkpointed by the module). ``logra validate`` and
+    ``logra test`` evaluate a checkpoint (``--ckpt_path``): an engine with its own copy of the weights
+    (vLLM) is loaded with the checkpoint's weights first.
 
     Logged metrics:
-        ``val/accuracy``
+        ``val/accuracy`` (fit and ``logra validate``), ``test/accuracy`` (``logra test``)
     """
 
     @override
@@ -115,23 +87,47 @@ class HeldOutEvaluation:
         self.val_accuracy.update(correct)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=len(correct))
 
+    @override
+    def test_step(self, batch: dict[str, list], batch_idx: int) -> None:
+        correct = self._greedy_correct(batch["prompt"], batch["answer"])
+        self.test_accuracy.update(correct)
+        self.log("test/accuracy", self.test_accuracy, prog_bar=True, batch_size=len(correct))
+
+    @override
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn != "fit":  # during fit the weight-sync callback keeps the engine current
+            self._engine_to_policy()
+
+    @override
+    def on_test_start(self) -> None:
+        self._engine_to_policy()
+
+    def _engine_to_policy(self) -> None:
+        """Outside fit, an engine with its own weights evaluates the module's (a loaded checkpoint's): a full load."""
+        if self.engine is None or getattr(self.engine, "shares_weights", False):
+            return
+        self.engine.load_weights([(name, full(p)) for name, p in self.policy.named_parameters()])
+
     def _greedy_correct(self, prompts: list[str], answers: list[str]) -> torch.Tensor:
         hp = self.hparams
-        return greedy_correct(
-            self.engine,
-            self.tokenizer,
-            self._score,
-            prompts,
-            answers,
-            max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
-            correct_reward=hp.correct_reward,
-        )
+        limit = hp.eval_max_new_tokens or hp.max_new_tokens
+        texts = greedy_completions(self.engine, self.tokenizer, prompts, max_new_tokens=limit)
+        return correct(self._score, prompts, texts, answers, hp.correct_reward)  # [B]
 
     def evaluate(self) -> float | None:
         """Greedy held-out accuracy over the datamodule's whole validation set (``None`` without one)."""
-        dm = self.trainer.datamodule
-        return held_out_accuracy(
-            getattr(dm, "val_records", None), getattr(dm, "val_batch_size", 64), self._greedy_correct
+        dm, hp = self.trainer.datamodule, self.hparams
+        records = getattr(dm, "val_records", None)
+        if not records:
+            return None
+        return greedy_accuracy(
+            self.engine,
+            self.tokenizer,
+            records,
+            self._score,
+            max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
+            batch_size=getattr(dm, "val_batch_size", 64),
+            correct_reward=hp.correct_reward,
         )
 
     @override

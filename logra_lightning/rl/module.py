@@ -171,7 +171,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self.engine = None
         self.model_path: str | None = None
         self.engine_logprob_gap: tuple[float, float] | None = None
-        self.val_accuracy = MeanMetric()
+        self.val_accuracy, self.test_accuracy = MeanMetric(), MeanMetric()
         self.accuracy_history: list[tuple[int, float]] = []
         self._ref: list[torch.nn.Module] = []  # a list keeps the frozen reference out of state_dict
         self._probe: PackedBatch | None = None  # the current step's batch, which the KL probe samples
@@ -237,7 +237,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         # Adam's first steps move every weight by ~lr whatever the gradient's size; on noisy RL
         # gradients a linear ramp keeps those first steps from undoing the warm-up.
         warm = self.hparams.lr_warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / warm, end_factor=1.0, total_iters=warm - 1)
         return {"optimizer": opt, "lr_scheduler": sched}
 
     @override
