@@ -194,7 +194,7 @@ def test_help_lists_every_command(capsys):
     assert "predict" not in out
     with pytest.raises(SystemExit) as err:
         main([])
-    assert err.value.code == 2 and "usage: logra <command>" in capsys.readouterr().err
+    assert err.value.code == 2 and "a command is required" in capsys.readouterr().err
 
 
 def test_predict_is_not_offered(capsys):

@@ -362,7 +362,7 @@ def _write(tmp_path, family="qwen2_tied", **changes) -> str:
         (lambda p: ["--model", _write(p, model_type="mamba")], "model_type='mamba'"),
         (lambda p: ["--model", _write(p, num_key_value_heads=3)], "num_key_value_heads=3"),
         (lambda p: ["--model", "qwen2.5-7b", "--gpus", "0"], "gpus=0"),
-        (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "1024"], r"rank=1024 is larger than min\(m, n\)=128 of"),
+        (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "1024"], "rank=1024 is larger than min(m, n)=128 of"),
         (lambda p: ["--model", "qwen2.5-0.5b", "--rank", "200"], "k_proj"),
         (lambda p: ["--model", "qwen2.5-7b", "--batch", "0"], "batch=0"),
         (lambda p: ["--model", "qwen2.5-7b", "--allocator-slack", "-0.1"], "allocator_slack=-0.1"),

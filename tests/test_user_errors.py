@@ -153,7 +153,10 @@ def test_bad_command_line_values(args, match, tmp_path, capsys):
     assert re.search(match, console(["fit", "--config", CONFIG, *args], capsys))
 
 
-@pytest.mark.parametrize("argv, match", [([], r"expected \"subcommand\""), (["fti"], r"invalid choice: 'fti'")])
+@pytest.mark.parametrize(
+    "argv, match",
+    [([], r"a command is required: fit, validate, test, plan or export"), (["fti"], r"invalid choice: 'fti'")],
+)
 def test_bad_subcommand(argv, match, capsys):
     assert re.search(match, console(argv, capsys))
 

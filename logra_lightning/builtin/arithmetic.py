@@ -12,7 +12,7 @@ warmed-up policy can add (with the ``.`` ignored, 98.8% of held-out greedy answe
 right) but copies the habit, so its held-out greedy accuracy is about 57% and its sampled
 (T=1) accuracy 54%: RL has to find, from the reward alone, which of two behaviours the
 model already has is wanted. That is the situation RL post-training of LLMs is mostly in
-(it sharpens behaviour the model can already produce; see the README for numbers).
+(it sharpens behaviour the model can already produce; docs/results.md has the numbers).
 ``builtin:arithmetic-tiny-clean`` is the same warm-up on clean answers (600 steps:
 41.0% held-out greedy); 200 RL steps did not raise its greedy accuracy in any setting tried
 (docs/results.md, "What RL does on a clean warm-up").

@@ -60,10 +60,10 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
         import torch.multiprocessing
 
         torch.multiprocessing.set_start_method("spawn", force=True)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="", file=sys.stdout if argv else sys.stderr)
-        if not argv:
-            raise SystemExit(2)  # a command is required, as argparse says with exit status 2
+    if not argv:
+        _fail("logra: error: a command is required: fit, validate, test, plan or export (logra --help says more)")
+    if argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
         return 0 if args is not None else None
     if argv and argv[0] == "plan":
         from logra_lightning import plan

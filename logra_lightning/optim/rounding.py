@@ -3,7 +3,7 @@
 A bf16 weight has 8 significant bits: an update smaller than half a unit in the last place
 (``|Δ| < 2^-9 |w|``, e.g. ``lr = 1e-5`` on a weight of size ``1e-2``) rounds back to the old
 value and is lost. :class:`~logra_lightning.optim.LoGRA` with bf16 weights adds its fp32
-update with one of these rules (``bf16_update=``); measured in README (Results, bf16 row):
+update with one of these rules (``bf16_update=``); measured in docs/results.md (the bf16 paragraph):
 
 * :func:`add_nearest` — ``round(w + Δ)``: no extra memory; small updates vanish.
 * :func:`add_stochastic` — round up or down with the probabilities that make the result
