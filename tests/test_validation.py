@@ -328,3 +328,28 @@ def test_malformed_dataset_lines_load_or_fail_naming_file_and_line(source, rows)
         event("loaded")
         assert first_bad is None and len(records) == good
         assert all(isinstance(r["prompt"], str) and isinstance(r["answer"], str) for r in records)
+
+
+def test_the_prompt_length_check_sees_the_chat_template(tmp_path, tiny_policy_path, monkeypatch):
+    """A chat template lengthens every prompt: the engine-context check counts the templated prompt."""
+    import shutil
+
+    from logra_lightning.models import load_tokenizer
+    from logra_lightning.rollout.vllm import VLLMEngineSpec
+
+    chat = tmp_path / "chat_model"
+    shutil.copytree(tiny_policy_path, chat)
+    tok = load_tokenizer(str(chat))
+    tok.chat_template = "{% for m in messages %}<start of {{ m['role'] }} turn>{{ m['content'] }}<end>{% endfor %}"
+    tok.save_pretrained(chat)
+    data = str(Path(__file__).parent / "data" / "gsm8k_tiny.jsonl")
+    raw = max(len(tok.encode(r["prompt"])) for r in GSM8KSource(data).load())
+    source = GSM8KSource(data)
+    source.tokenizer = tok
+    templated = max(len(tok.encode(r["prompt"])) for r in source.load())
+    assert templated > raw
+    monkeypatch.setattr(module_mod, "load_policy", lambda *a, **k: pytest.fail("the policy was built"))
+    module = PolicyGradientModule(str(chat), engine=VLLMEngineSpec(max_model_len=raw + 5 + 1), max_new_tokens=5)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ConfigError, match=rf"max_model_len={raw + 6}: too short .* has {templated} tokens"):
+        trainer.fit(module, PromptDataModule(GSM8KSource(data), batch_size=2))

@@ -62,7 +62,7 @@ from logra_lightning.builtin.registry import resolve_model
 from logra_lightning.config.checks import check_engine_context, check_module_args
 from logra_lightning.errors import ConfigError
 from logra_lightning.kl.probe import KLProbe
-from logra_lightning.models import load_policy
+from logra_lightning.models import load_policy, load_tokenizer
 from logra_lightning.models.lora import LoRA
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.rewards import ExactMatchReward
@@ -194,6 +194,8 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         if self._sampling_seed is None:
             self._sampling_seed = torch.initial_seed()
         dm = self.trainer.datamodule if self._trainer is not None else None
+        if hasattr(dm, "use_tokenizer"):  # chat-template prompts (GSM8K/MATH sources) before their lengths are checked
+            dm.use_tokenizer(load_tokenizer(self.model_path))
         check_engine_context(
             getattr(self.engine_spec, "options", {}),
             getattr(dm, "train_records", None),
@@ -202,8 +204,6 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             self.hparams.max_new_tokens,
         )  # before policy and engine
         self.policy, self.tokenizer = load_policy(self.model_path)
-        if hasattr(dm, "use_tokenizer"):
-            dm.use_tokenizer(self.tokenizer)  # chat-template prompts for chat models (GSM8K/MATH sources)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
         if self.hparams.activation_checkpointing:
             self.policy.gradient_checkpointing_enable()
