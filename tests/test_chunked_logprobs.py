@@ -1,0 +1,216 @@
+"""Chunked LM head and token-budget micro-batches equal the whole-logits, fixed-row path (fp32, every family).
+
+For each supported architecture (tiny random-init model, tied and untied heads, Gemma's softcapping,
+LoRA on the body and on the head): log-probabilities, entropies, the probe's logits and every
+parameter's gradient through the GRPO loss (with the reference-KL term) agree within 1e-5 between
+``chunk_size=None`` (the model's whole logits, the path before chunking) and chunks, and between
+padded and padding-free (packed) rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from logra_lightning.models.architectures import ARCHITECTURES, tiny_hf_config
+from logra_lightning.models.lora import LoRA
+from logra_lightning.rl.lm_head import LMHead, chunked_logprobs
+from logra_lightning.rl.logprobs import gather_logprobs, sequence_logprobs, token_entropy, token_logprobs
+from logra_lightning.rl.loss import LossConfig, grpo_loss
+from logra_lightning.rl.micro_batches import packing_supported, plan_micro_batches, split_to_count
+from logra_lightning.rl.trajectory import Trajectory, pack_sequences
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+V = 96
+
+
+def tiny(arch: str, tie: bool, softcap: float | None = None, seed: int = 0) -> torch.nn.Module:
+    cfg = tiny_hf_config(
+        arch,
+        vocab_size=V,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    if softcap is not None:
+        cfg.final_logit_softcapping = softcap
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).train()
+
+
+def batch(seed: int = 0, n: int = 4):
+    """Prompts of 3-6 tokens, completions of 2-40 (Gemma's tiny sliding window is 32)."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [(3 + i % 4, [40, 2, 17, 9, 25][i % 5]) for i in range(n)]
+    prompts = [torch.randint(2, V, (p,), generator=gen).tolist() for p, _ in lens]
+    completions = [torch.randint(2, V, (c,), generator=gen).tolist() for _, c in lens]
+    return pack_sequences(prompts, completions, pad_id=0)
+
+
+def trajectory(seqs, seed: int = 1) -> Trajectory:
+    gen = torch.Generator().manual_seed(seed)
+    n, t = seqs.targets.shape
+    old = -3 - torch.rand(n, t, generator=gen)
+    return Trajectory(seqs, torch.zeros(n), torch.randn(n, generator=gen), old, ref_logprobs=old + 0.1)
+
+
+def loss_grads(model, traj, micro_batches, **kw):
+    """Loss, stats and every gradient of one epoch over ``micro_batches`` (lists of row indices)."""
+    model.zero_grad(set_to_none=True)
+    cfg, stats, total = LossConfig(kl_coef=0.1), {}, 0.0
+    for rows in micro_batches:
+        mb = traj.rows(torch.tensor(rows)).trimmed()
+        lp, ent = token_logprobs(model, mb.seqs, 0.7, entropy=True, **kw)
+        loss, st = grpo_loss(lp, mb, traj.num_tokens, cfg, entropy=ent)
+        loss.backward()
+        total += loss.item()
+        for k, v in st.items():
+            stats[k] = stats.get(k, 0.0) + v
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return total, stats, grads
+
+
+def assert_same(a, b):
+    (la, sa, ga), (lb, sb, gb) = a, b
+    assert la == pytest.approx(lb, rel=1e-5, abs=1e-6)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k] == pytest.approx(sb[k], rel=1e-5, abs=1e-6), k
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], **TOL, msg=name)
+
+
+CASES = [(a, a in ("gemma3", "llama")) for a in ARCHITECTURES] + [("qwen2", True), ("llama", False)]
+
+
+@pytest.mark.parametrize(("arch", "tie"), CASES, ids=[f"{a}-{'tied' if t else 'untied'}" for a, t in CASES])
+def test_chunked_and_packed_equal_whole_logits(arch: str, tie: bool) -> None:
+    model = tiny(arch, tie, softcap=30.0 if arch == "gemma3" else None)
+    seqs = batch()
+    mask = seqs.mask.bool()
+    whole, whole_ent = token_logprobs(model, seqs, 0.7, entropy=True, chunk_size=None)
+    for kw in (dict(chunk_size=7), dict(chunk_size=7, packed=True), dict(chunk_size=None, packed=True)):
+        lp, ent = token_logprobs(model, seqs, 0.7, entropy=True, **kw)
+        torch.testing.assert_close(lp[mask], whole[mask], **TOL, msg=str(kw))
+        torch.testing.assert_close(ent[mask], whole_ent[mask], **TOL, msg=str(kw))
+    traj = trajectory(seqs)
+    assert packing_supported(model.config)
+    reference = loss_grads(model, traj, [[0, 1], [2, 3]], chunk_size=None)
+    assert_same(loss_grads(model, traj, [[0, 1], [2, 3]], chunk_size=5), reference)
+    budget = plan_micro_batches(seqs.lengths.tolist(), max_tokens=30, packed=True)
+    assert len(budget) > 2
+    assert_same(loss_grads(model, traj, budget, chunk_size=5, packed=True), reference)
+
+
+def test_softcapping_is_applied_as_gemma_does() -> None:
+    model = tiny("gemma3", True, softcap=2.0)  # a small cap: the cap changes the logits a lot
+    seqs = batch(n=2)
+    logits = model(input_ids=seqs.ids, attention_mask=seqs.attention_mask).logits[:, :-1]
+    assert logits.abs().max() < 2.0
+    expected = gather_logprobs(logits, seqs.targets, 0.7)
+    lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=3)
+    torch.testing.assert_close(lp[seqs.mask.bool()], expected[seqs.mask.bool()], **TOL)
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("q_proj", "lm_head")], ids=["body", "head"])
+def test_lora_policy(targets) -> None:
+    """LoRA factors get the same gradients; a LoRA-wrapped head goes through checkpointed chunks."""
+    model = LoRA(rank=4, alpha=8, target_modules=list(targets)).attach(tiny("qwen2", False))
+    for name, p in model.named_parameters():  # B starts at 0: move it so every factor has a gradient
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    assert LMHead.of(model).linear == ("lm_head" not in targets)
+    traj = trajectory(batch())
+    reference = loss_grads(model, traj, [[0, 1, 2, 3]], chunk_size=None)
+    assert any("lora_A" in n for n in reference[2])
+    assert_same(loss_grads(model, traj, [[0, 1, 2, 3]], chunk_size=6), reference)
+
+
+def test_linear_logprob_bias_and_autocast_dtype() -> None:
+    """The fused function with a biased head equals log-softmax of the whole logits; under bf16 autocast it
+    computes the head in bf16 as the model's own call would."""
+    gen = torch.Generator().manual_seed(0)
+    head = LMHead(torch.nn.Linear(8, 30))
+    h = torch.randn(11, 8, generator=gen, requires_grad=True)
+    t = torch.randint(0, 30, (11,), generator=gen)
+    lp, ent = chunked_logprobs(head, h, t, 1.3, chunk_size=4, entropy=True)
+    g = torch.randn(11, generator=gen)
+    (lp * g).sum().backward()
+    got = (h.grad.clone(), head.module.weight.grad.clone(), head.module.bias.grad.clone())
+    h.grad = None
+    head.module.zero_grad()
+    z = head.module(h) / 1.3
+    ref = torch.log_softmax(z, -1).gather(1, t[:, None])[:, 0]
+    (ref * g).sum().backward()
+    torch.testing.assert_close(lp, ref, **TOL)
+    torch.testing.assert_close(ent, token_entropy(z.detach()), **TOL)
+    for a, b in zip(got, (h.grad, head.module.weight.grad, head.module.bias.grad)):
+        torch.testing.assert_close(a, b, **TOL)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp16, _ = chunked_logprobs(head, h, t, 1.3, chunk_size=4)
+        z16 = head.module(h).float() / 1.3
+    torch.testing.assert_close(lp16, torch.log_softmax(z16, -1).gather(1, t[:, None])[:, 0], **TOL)
+
+
+def test_sequence_logprobs_by_groups_and_probe_logits() -> None:
+    """No-grad pass over bucketed groups equals the whole batch; the probe's logits at (row, t) are the model's."""
+    model = tiny("qwen3", False)
+    seqs = batch(n=5)
+    whole = sequence_logprobs(model, seqs, None, 0.7, chunk_size=None)
+    seen = {}
+    groups = plan_micro_batches(seqs.lengths.tolist(), max_tokens=50, packed=False)
+    lp = sequence_logprobs(
+        model,
+        seqs,
+        groups,
+        0.7,
+        on_logits=lambda rows, at: seen.update({int(rows[0]): at(torch.tensor([0]), torch.tensor([3]))}),
+        chunk_size=4,
+        packed=True,
+    )
+    mask = seqs.mask.bool()
+    torch.testing.assert_close(lp[mask], whole[mask], **TOL)
+    logits = model(input_ids=seqs.ids, attention_mask=seqs.attention_mask).logits
+    for row, at in seen.items():
+        torch.testing.assert_close(at[0], logits[row, 3], **TOL)
+
+
+def test_a_head_that_is_not_lm_head_falls_back_to_whole_logits() -> None:
+    model = tiny("qwen2", False)
+    original = model.forward
+
+    def scaled(*args, **kwargs):  # a model that post-processes its logits in a way LMHead does not know
+        out = original(*args, **kwargs)
+        out.logits = out.logits * 2.0
+        return out
+
+    model.forward = scaled
+    seqs = batch(n=2)
+    with pytest.warns(UserWarning, match="differs from the model's logits"):
+        lp, _ = token_logprobs(model, seqs, 1.0, chunk_size=4)
+    expected = gather_logprobs(scaled(input_ids=seqs.ids, attention_mask=seqs.attention_mask).logits[:, :-1], seqs.targets)
+    torch.testing.assert_close(lp, expected, **TOL)
+
+
+def test_token_budget_plan() -> None:
+    lengths = [30, 5, 28, 6, 7, 29]
+    packed = plan_micro_batches(lengths, max_tokens=40, packed=True)
+    assert sorted(i for g in packed for i in g) == list(range(6))
+    assert all(sum(lengths[i] for i in g) <= 40 for g in packed)
+    padded = plan_micro_batches(lengths, max_tokens=60, packed=False)
+    assert all(len(g) * max(lengths[i] for i in g) <= 60 for g in padded)
+    assert padded == [[0, 5], [2, 4], [1, 3]]  # longest first; each row joins the first micro-batch with room
+    assert plan_micro_batches([100, 3], max_tokens=10, packed=True) == [[0], [1]]  # too long: alone
+    assert plan_micro_batches(lengths, max_tokens=1000, max_rows=4, packed=True) == [[0, 2, 4, 5], [1, 3]]
+    more = split_to_count(packed, 5, lengths, True)
+    assert len(more) == 5 and sorted(i for g in more for i in g) == list(range(6))
+    with pytest.raises(ValueError, match="cannot split 6 rows into 7"):
+        split_to_count(packed, 7, lengths, True)
