@@ -18,7 +18,7 @@ from logra_lightning.models.lora import LoRA
 from logra_lightning.rl.lm_head import LMHead, chunked_logprobs
 from logra_lightning.rl.logprobs import gather_logprobs, sequence_logprobs, token_entropy, token_logprobs
 from logra_lightning.rl.loss import LossConfig, grpo_loss
-from logra_lightning.rl.micro_batches import packing_supported, plan_micro_batches, split_to_count
+from logra_lightning.rl.micro_batches import packing_supported, plan_micro_batches
 from logra_lightning.rl.trajectory import Trajectory, pack_sequences
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -196,21 +196,7 @@ def test_a_head_that_is_not_lm_head_falls_back_to_whole_logits() -> None:
     seqs = batch(n=2)
     with pytest.warns(UserWarning, match="differs from the model's logits"):
         lp, _ = token_logprobs(model, seqs, 1.0, chunk_size=4)
-    expected = gather_logprobs(scaled(input_ids=seqs.ids, attention_mask=seqs.attention_mask).logits[:, :-1], seqs.targets)
+    expected = gather_logprobs(
+        scaled(input_ids=seqs.ids, attention_mask=seqs.attention_mask).logits[:, :-1], seqs.targets
+    )
     torch.testing.assert_close(lp, expected, **TOL)
-
-
-def test_token_budget_plan() -> None:
-    lengths = [30, 5, 28, 6, 7, 29]
-    packed = plan_micro_batches(lengths, max_tokens=40, packed=True)
-    assert sorted(i for g in packed for i in g) == list(range(6))
-    assert all(sum(lengths[i] for i in g) <= 40 for g in packed)
-    padded = plan_micro_batches(lengths, max_tokens=60, packed=False)
-    assert all(len(g) * max(lengths[i] for i in g) <= 60 for g in padded)
-    assert padded == [[0, 5], [2, 4], [1, 3]]  # longest first; each row joins the first micro-batch with room
-    assert plan_micro_batches([100, 3], max_tokens=10, packed=True) == [[0], [1]]  # too long: alone
-    assert plan_micro_batches(lengths, max_tokens=1000, max_rows=4, packed=True) == [[0, 2, 4, 5], [1, 3]]
-    more = split_to_count(packed, 5, lengths, True)
-    assert len(more) == 5 and sorted(i for g in more for i in g) == list(range(6))
-    with pytest.raises(ValueError, match="cannot split 6 rows into 7"):
-        split_to_count(packed, 7, lengths, True)
