@@ -200,3 +200,49 @@ def test_a_head_that_is_not_lm_head_falls_back_to_whole_logits() -> None:
         scaled(input_ids=seqs.ids, attention_mask=seqs.attention_mask).logits[:, :-1], seqs.targets
     )
     torch.testing.assert_close(lp, expected, **TOL)
+
+
+def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
+    """Each rank: half the rows, chunked (padded, then packed) log-probs, backward; the full gradients to disk."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from logra_lightning.models import load_policy
+    from logra_lightning.models.fsdp import shard_policy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
+        seqs = batch(n=4).rows(slice(2 * rank, 2 * rank + 2)).trimmed()
+        for i, path in enumerate(model_dirs):
+            for packed in (False, True):
+                model, _ = load_policy(path)
+                shard_policy(model, mesh)
+                lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=5, packed=packed)
+                lp.sum().backward()  # FSDP2 averages the two ranks' gradients
+                grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # collective
+                if rank == 0:
+                    torch.save(grads, f"{out_dir}/grads_{i}_{packed}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_fsdp2_chunked_gradients_equal_one_process(tmp_path, tie) -> None:
+    """Under FSDP2 (2 CPU processes) the chunked head's gradients, reduce-scattered with the rest, equal one
+    process's whole-logits gradients (the root's lm_head stays unsharded after forward; backward reaches it)."""
+    import torch.multiprocessing as mp
+
+    from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+
+    path = build_tiny_model(tmp_path / "m", TinyModelConfig(num_layers=2, tie_word_embeddings=tie))
+    mp.spawn(_fsdp_worker, args=([path], str(tmp_path)), nprocs=2, join=True)
+    model, _ = load_policy(path)
+    seqs = batch(n=4)
+    lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=None)
+    (lp * seqs.mask).sum().div(2).backward()
+    for packed in (False, True):
+        grads = torch.load(tmp_path / f"grads_0_{packed}.pt")
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad, **TOL, msg=f"packed={packed} {name}")
