@@ -206,6 +206,7 @@ def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
     """Each rank: half the rows, chunked (padded, then packed) log-probs, backward; the full gradients to disk."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
 
     from logra_lightning.models import load_policy
     from logra_lightning.models.fsdp import shard_policy
@@ -219,11 +220,19 @@ def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
             for packed in (False, True):
                 model, _ = load_policy(path)
                 shard_policy(model, mesh)
+                sharded = []  # is the root's embedding sharded again when backward reaches layer 0?
+
+                def watch(_m, _a, out, sharded=sharded, model=model):
+                    out.register_hook(lambda g: sharded.append(isinstance(model.model.embed_tokens.weight, DTensor)))
+
+                handle = model.model.layers[0].register_forward_hook(watch)
                 lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=5, packed=packed)
+                handle.remove()
+                assert not isinstance(model.lm_head.weight, DTensor)  # unsharded after forward, for the head
                 lp.sum().backward()  # FSDP2 averages the two ranks' gradients
                 grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # collective
                 if rank == 0:
-                    torch.save(grads, f"{out_dir}/grads_{i}_{packed}.pt")
+                    torch.save({"grads": grads, "sharded": sharded}, f"{out_dir}/grads_{i}_{packed}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -231,7 +240,7 @@ def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_fsdp2_chunked_gradients_equal_one_process(tmp_path, tie) -> None:
     """Under FSDP2 (2 CPU processes) the chunked head's gradients, reduce-scattered with the rest, equal one
-    process's whole-logits gradients (the root's lm_head stays unsharded after forward; backward reaches it)."""
+    process's whole-logits gradients; the root unit is resharded once backward has passed the head and final norm."""
     import torch.multiprocessing as mp
 
     from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
@@ -243,6 +252,8 @@ def test_fsdp2_chunked_gradients_equal_one_process(tmp_path, tie) -> None:
     lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=None)
     (lp * seqs.mask).sum().div(2).backward()
     for packed in (False, True):
-        grads = torch.load(tmp_path / f"grads_0_{packed}.pt")
+        saved = torch.load(tmp_path / f"grads_0_{packed}.pt")
+        grads = saved["grads"]
+        assert saved["sharded"] == [True]  # the root was resharded before the decoder layers' backward
         for name, p in model.named_parameters():
             torch.testing.assert_close(grads[name], p.grad, **TOL, msg=f"packed={packed} {name}")

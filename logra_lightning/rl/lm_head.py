@@ -126,14 +126,44 @@ def forward_hidden(
     def keep(_module, _args, out) -> None:
         box.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
 
-    handle = model.get_decoder().register_forward_hook(keep)
+    handles = [model.get_decoder().register_forward_hook(keep)]
+    if torch.is_grad_enabled():
+        handles += _reshard_root_after_head(model)
     try:
         out = model(
             input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=1
         )
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     return box[-1], out.logits
+
+
+def _reshard_root_after_head(model: nn.Module) -> list:
+    """Under FSDP2, free the root unit's unsharded weights once backward has passed the final norm.
+
+    The root unit (embeddings, lm_head, final norm) stays unsharded from its forward to the end
+    of backward, because FSDP2 does not reshard the root after forward. With the chunked head its
+    weights are needed in backward only by the head and the final norm, which run first; the
+    embedding's backward needs only its row count. So when the gradient reaches the last decoder
+    layer's output, the root is resharded (``FSDPModule.reshard()``): its gradient is still
+    accumulated and reduce-scattered as usual, and the decoder layers' backward runs without a
+    whole copy of the (tied) embedding beside it. Returns the hook handles to remove after forward.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    from logra_lightning.models.fsdp import decoder_layers
+
+    layers = decoder_layers(model) if isinstance(model, FSDPModule) else []
+    if not layers:
+        return []
+
+    def on_output(_module, _args, out) -> None:
+        t = out if isinstance(out, torch.Tensor) else out[0]
+        if t.requires_grad:
+            t.register_hook(lambda grad: model.reshard())
+
+    return [layers[-1].register_forward_hook(on_output)]
 
 
 # --------------------------------------------------------------------------- chunked log-softmax
