@@ -99,3 +99,44 @@ def test_token_budget_step_equals_fixed_rows_and_whole_logits() -> None:
         for name, d in ref_delta.items():  # 1e-4 of the largest change: two SGD epochs amplify fp32 rounding
             err = (delta[name] - d).abs().max() / d.abs().max()
             assert err < 1e-4, (kwargs, name, float(err))
+
+
+def test_ranks_agree_on_the_number_of_micro_batches(tiny_policy_path: str) -> None:
+    """Under DDP/FSDP the plan is split until this rank runs as many passes as the rank with the most."""
+    from types import SimpleNamespace
+
+    from logra_lightning.rl.trajectory import pack_sequences
+
+    module = PolicyGradientModule(tiny_policy_path, group_size=2, max_tokens_per_micro_batch=64)
+    module.setup("fit")
+    seqs = pack_sequences([[5, 6, 7]] * 8, [[8, 9] * (i + 1) for i in range(8)], pad_id=0)
+    alone = module._plan_micro_batches(seqs)
+    assert len(alone) == 2
+    reduce = lambda t, reduce_op: torch.tensor(5) if reduce_op == "max" else t  # noqa: E731  another rank needs 5
+    module._trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(reduce=reduce))
+    module._plan = (None, [])
+    agreed = module._plan_micro_batches(seqs)
+    assert len(agreed) == 5 and sorted(i for g in agreed for i in g) == list(range(8))
+    assert module._plan_micro_batches(seqs) is agreed  # planned once per batch
+
+
+def test_probe_base_logits_from_a_packed_old_logprob_pass(tiny_policy_path: str) -> None:
+    """The KL probe's cached base logits (from the packed, bucketed pi_old pass) equal a fresh padded forward."""
+    import random
+
+    from logra_lightning.rl.trajectory import pack_sequences
+
+    module = PolicyGradientModule(tiny_policy_path, group_size=2, max_tokens_per_micro_batch=30)
+    module.setup("fit")
+    assert module._packed
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 60) for _ in range(rng.randrange(3, 7))] for _ in range(8)]
+    completions = [[rng.randrange(3, 60) for _ in range(rng.randrange(1, 9))] for _ in range(8)]
+    seqs = pack_sequences(prompts, completions, pad_id=0)
+    module._probe = seqs
+    fresh = module.kl_probe_logits(12)
+    module._logprobs(seqs)
+    assert len(module._plan[1]) > 1
+    cached = module.kl_probe_logits(12)
+    assert cached is not fresh
+    torch.testing.assert_close(cached, fresh, rtol=1e-5, atol=1e-5)

@@ -220,12 +220,12 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             self.hparams.max_new_tokens,
         )  # before policy and engine
         self.policy, self.tokenizer = load_policy(self.model_path)
-        self._packed = use_padding_free(
-            self.hparams.max_tokens_per_micro_batch, self.hparams.padding_free, self.policy.config
-        )
         if hasattr(dm, "use_tokenizer"):
             dm.use_tokenizer(self.tokenizer)  # chat-template prompts for chat models (GSM8K/MATH sources)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
+        self._packed = use_padding_free(
+            self.hparams.max_tokens_per_micro_batch, self.hparams.padding_free, self.policy.config
+        )
         if self.hparams.activation_checkpointing:
             self.policy.gradient_checkpointing_enable()
             self.policy.config.use_cache = False
