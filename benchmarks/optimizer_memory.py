@@ -55,6 +55,11 @@ Departures from the issue-3 wording:
    (no AVX512-BF16/AMX), so bf16 step times here say little about a GPU; memory does.
 5. ``lora``: LoRA at LoGRA's rank (PEFT, every attention/MLP matrix, embeddings frozen); its
    ``param_bytes`` include the frozen base weights and the factors.
+6. Chunked rows (issue 28: ``floor_chunked``, ``logra_chunked``, ``logra_bf16_chunked``) compute the
+   same token-mean loss through :func:`logra_lightning.rl.logprobs.token_logprobs` with the chunked
+   LM head (512-token blocks), so the logits never exist whole; ``floor_chunked`` is the floor
+   for them (``train_peak_vs_floor_chunked``). They are recorded by
+   ``benchmarks/real_shapes_memory.py`` (``benchmarks/results/real_shapes_memory.json``).
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.optimizer_rows import (  # noqa: E402
     BF16_ROWS,
+    CHUNKED_LOSS,
     DESCRIPTION,
     PEER_MODULES,
     PRECISION,
@@ -100,11 +106,12 @@ RUN = {
 }
 RUN_OVERRIDES = {"400m": dict(steps=2)}
 ROW_OVERRIDES = {row: dict(steps=2) for row in BF16_ROWS}  # bf16 steps take minutes on this CPU (departure 4)
+LM_HEAD_CHUNK = 512  # tokens per block of the chunked rows (the module's default lm_head_chunk_size)
 SIZES = {
     "full": {
         "25m": ROWS,
         "100m": ROWS + BF16_ROWS,
-        "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim"],
+        "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim", "floor_chunked", "logra_chunked"],
     },
     "quick": {"quick": ROWS},
 }
@@ -116,6 +123,7 @@ TARGETS = {
     "step_time_ratio_vs_adamw_max": 1.15,
     "issue18_state_ratio_vs_adamw_max": 0.05,
     "issue18_train_peak_vs_floor_nograd_max": 1.10,
+    "issue28_train_peak_vs_floor_chunked_max": 1.10,
 }
 
 
@@ -149,6 +157,9 @@ def worker(name: str, size: str, run: dict) -> dict:
 
     if name in PEER_MODULES:
         importlib.import_module(PEER_MODULES[name])
+    if name in CHUNKED_LOSS:
+        from logra_lightning.rl.logprobs import token_logprobs
+        from logra_lightning.rl.trajectory import PackedBatch
 
     load_before = load_average()
     gc.collect()
@@ -171,7 +182,14 @@ def worker(name: str, size: str, run: dict) -> dict:
             reset_peak_rss()
         t0, c0 = time.perf_counter(), time.process_time()
         with autocast:
-            loss = model(input_ids=ids, labels=ids).loss
+            if name in CHUNKED_LOSS:  # the same token-mean NLL, through the chunked head
+                ones = torch.ones_like(ids)
+                lp, _ = token_logprobs(
+                    model, PackedBatch(ids, ones, ids[:, 1:], ones[:, 1:].float()), 1.0, chunk_size=LM_HEAD_CHUNK
+                )  # [B, T-1]
+                loss = -lp.mean()
+            else:
+                loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if grads_after_backward is None:
             grads_after_backward = grad_bytes(model)
@@ -247,7 +265,7 @@ def _add_repeat(first: dict, row: dict) -> None:
 
 def _add_ratios(rows: list[dict]) -> None:
     base = next((r for r in rows if r["name"] == "adamw" and r.get("ok")), None)
-    for floor in ("floor_nograd", "floor_nograd_trim"):
+    for floor in ("floor_nograd", "floor_nograd_trim", "floor_chunked"):
         f = next((r for r in rows if r["name"] == floor and r.get("ok")), None)
         for r in rows:
             if f and r.get("ok"):
@@ -441,6 +459,7 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--merge", action="store_true", help="keep the other sizes already in the results JSON")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per row (default 1)")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per row (default: RUN and its overrides)")
     ap.add_argument(
         "--repeat",
         type=int,
@@ -460,6 +479,7 @@ def main(argv=None) -> dict:
             **(ROW_OVERRIDES.get(args.worker, {}) if mode == "full" else {}),
         }
         run["threads"] = args.threads or run["threads"]
+        run["steps"] = args.steps or run["steps"]
         try:
             row = worker(args.worker, args.worker_size, run)
         except Exception as e:  # recorded in the row, e.g. an optimizer without a CPU kernel

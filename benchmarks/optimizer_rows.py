@@ -33,14 +33,20 @@ ROWS = [
     "floor_nograd",
     "floor_nograd_trim",
     "lora",
+    "floor_chunked",
+    "logra_chunked",
 ]
+# Rows whose loss runs through the chunked LM head (logra_lightning.rl.lm_head: the logits never
+# whole); the others use transformers' own loss over the whole logits.
+CHUNKED_LOSS = {"floor_chunked", "logra_chunked", "logra_bf16_chunked"}
 # Issue 18's bf16 rows: measured at ~100M only (this CPU has no bf16 matrix units; a bf16 step at ~100M takes minutes).
-BF16_ROWS = ["logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16"]
+BF16_ROWS = ["logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16", "logra_bf16_chunked"]
 # Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
 # "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
 PRECISION = {
     "logra_bf16_stochastic": "bf16",
     "logra_bf16_kahan": "bf16",
+    "logra_bf16_chunked": "bf16",
     "adamw_bf16": "bf16",
     "adamw_bf16_mixed": "bf16-mixed",
 }
@@ -63,6 +69,9 @@ DESCRIPTION = {
     "logra_bf16_kahan": "LoGRA rank r on bf16 weights, update added with Kahan compensation (bf16 buffer in state)",
     "adamw_bf16_mixed": "torch.optim.AdamW on fp32 master weights, forward/backward under bf16 autocast",
     "adamw_bf16": "torch.optim.AdamW on bf16 weights (grads and moments bf16, round to nearest)",
+    "floor_chunked": "no optimizer, chunked LM head (logits never whole): each grad dropped in its hook (lower bound)",
+    "logra_chunked": "LoGRA rank r (as `logra`), loss through the chunked LM head",
+    "logra_bf16_chunked": "LoGRA rank r on bf16 weights, stochastic rounding (as `logra_bf16_stochastic`), chunked LM head",
 }
 
 
@@ -84,10 +93,10 @@ def make_optimizer(name: str, model, rank: int):
         return torch.optim.AdamW(model.parameters(), **hp)
     if name == "lora":  # the adapter is attached by the worker; only the factors are trainable
         return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **hp)
-    if name in ("logra_bf16_stochastic", "logra_bf16_kahan"):
-        rule = name.rsplit("_", 1)[1]
+    if name in ("logra_bf16_stochastic", "logra_bf16_kahan", "logra_bf16_chunked"):
+        rule = "stochastic" if name == "logra_bf16_chunked" else name.rsplit("_", 1)[1]
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), bf16_update=rule, **hp)
-    if name == "logra":
+    if name in ("logra", "logra_chunked"):
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), **hp)
     if name == "logra_dense_embed":
         groups = logra_param_groups(model, rank=rank, update_proj_gap=200, exclude=[r"embed_tokens", r"lm_head"])
@@ -142,7 +151,7 @@ def make_optimizer(name: str, model, rank: int):
         from torchao.optim import AdamW8bit
 
         return AdamW8bit(model.parameters(), **hp)
-    if name in ("floor_nograd", "floor_nograd_trim"):
+    if name in ("floor_nograd", "floor_nograd_trim", "floor_chunked"):
         from logra_lightning.optim import host_memory
 
         def drop(q, trim=name == "floor_nograd_trim") -> None:  # drop the grad (and trim, as LoGRA's hooks do)

@@ -205,6 +205,7 @@ def predict(shape: dict, run: dict, optimizer: str, ckpt: bool, allocator_slack:
         adamw_impl="for-loop",
         reserve_gb=0,
         allocator_slack=allocator_slack,
+        lm_head_chunk=0,  # the step below holds the whole logits
     )
     out = plan_optimizer(arch, setup, optimizer)
     b = out["phases"]["optimizer_step"]

@@ -250,12 +250,46 @@ def test_gemma_27b_on_8x80gb_headline():
     """The README numbers: bf16-mixed, checkpointing, 1 x 4096 tokens per GPU, rank 256."""
     arch = load_architecture("gemma-3-27b")
     base = dict(gpus=8, gpu_memory_gb=80, rank=256, batch=1, seq_len=4096, precision="bf16-mixed")
-    alone = plan(arch, PlanSetup(**base))["optimizers"]
-    assert alone["adamw"]["fits"] and alone["logra"]["fits"]
-    assert alone["adamw"]["peak_bytes"] / 2**30 == pytest.approx(66.9, abs=0.5)
-    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(36.1, abs=0.5)
+    whole = plan(arch, PlanSetup(**base, lm_head_chunk=0))["optimizers"]  # the logits held whole
+    assert whole["adamw"]["fits"] and whole["logra"]["fits"]
+    assert whole["adamw"]["peak_bytes"] / 2**30 == pytest.approx(66.9, abs=0.5)
+    assert whole["logra"]["peak_bytes"] / 2**30 == pytest.approx(36.1, abs=0.5)
+    alone = plan(arch, PlanSetup(**base))["optimizers"]  # chunked LM head (the default)
+    assert alone["adamw"]["peak_bytes"] / 2**30 == pytest.approx(64.9, abs=0.5)
+    assert alone["logra"]["peak_bytes"] / 2**30 == pytest.approx(27.1, abs=0.5)
     colocated = plan(arch, PlanSetup(**base, colocate_engine=True, engine_tp=4, rollout_batch=8))["optimizers"]
     assert not colocated["adamw"]["fits"] and colocated["logra"]["fits"]
+
+
+def test_the_papers_setting_fits_for_logra_with_the_chunked_head(capsys):
+    """``logra plan --model gemma-3-27b --gpus 8 --gpu-memory-gb 80 --rank 256 --batch 1 --seq-len 4096
+    --precision bf16-mixed --colocate-engine``: the engine on every GPU (tp=1); whole logits do not fit."""
+    args = "--model gemma-3-27b --gpus 8 --gpu-memory-gb 80 --rank 256 --batch 1 --seq-len 4096"
+    args += " --precision bf16-mixed --colocate-engine --json"
+    main(args.split())
+    logra = json.loads(capsys.readouterr().out)["optimizers"]["logra"]
+    assert logra["fits"] and logra["headroom_bytes"] / 2**30 == pytest.approx(1.9, abs=0.1)
+    main([*args.split(), "--lm-head-chunk", "0"])
+    whole = json.loads(capsys.readouterr().out)["optimizers"]["logra"]
+    assert not whole["fits"] and whole["headroom_bytes"] / 2**30 == pytest.approx(-7.2, abs=0.1)
+
+
+def test_token_budget_sets_the_tokens_per_micro_batch():
+    """``--micro-batch-tokens``: as many whole sequences as fit, at least one; activations scale with them."""
+    assert PlanSetup(batch=8, seq_len=1024, micro_batch_tokens=4096).tokens == 4096
+    assert PlanSetup(batch=8, seq_len=1024, micro_batch_tokens=5000).tokens == 4096
+    assert PlanSetup(batch=8, seq_len=1024, micro_batch_tokens=100).tokens == 1024  # one sequence runs alone
+    assert PlanSetup(batch=2, seq_len=1024, micro_batch_tokens=1 << 20).tokens == 2048
+    arch = load_architecture("qwen2.5-0.5b")
+    full, half = (
+        plan(arch, PlanSetup(batch=8, seq_len=1024, rank=64, micro_batch_tokens=b))["optimizers"]["logra"]
+        for b in (None, 4096)
+    )
+    assert half["phases"]["layer_backward"]["activations"] * 2 == full["phases"]["layer_backward"]["activations"]
+    with pytest.raises(PlanError, match="micro_batch_tokens=0"):
+        PlanSetup(micro_batch_tokens=0)
+    with pytest.raises(PlanError, match="lm_head_chunk=-1"):
+        PlanSetup(lm_head_chunk=-1)
 
 
 def test_allocator_slack_scales_the_training_tensors_only():

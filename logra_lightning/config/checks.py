@@ -143,6 +143,13 @@ def check_module_args(hp: Mapping[str, Any]) -> None:
     check("kl_coef", hp["kl_coef"] >= 0, "values >= 0")
     count("ppo_epochs", 1)
     check("micro_batch_size", hp["micro_batch_size"] is None or hp["micro_batch_size"] >= 1, "None or integers >= 1")
+    count("max_tokens_per_micro_batch", 2, none_ok=True)
+    count("lm_head_chunk_size", 1, none_ok=True)
+    check(
+        "padding_free",
+        hp["padding_free"] is None or isinstance(hp["padding_free"], bool),
+        "null (when the model supports it), true or false",
+    )
     check("tis_cap", hp["tis_cap"] is None or hp["tis_cap"] >= 1, "None (off) or values >= 1")
     count("lr_warmup_steps", 0)
     check("torch_threads", hp["torch_threads"] is None or hp["torch_threads"] >= 1, "None or integers >= 1")

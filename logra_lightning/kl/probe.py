@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +38,15 @@ from logra_lightning._util import local
 
 if TYPE_CHECKING:  # the batch type only: kl/ sits below rl/, which calls it
     from logra_lightning.rl.trajectory import PackedBatch
+
+# (policy, rows of the batch, rows [M] into them, target positions [M]) -> fp32 logits [M, V]
+PositionLogits = Callable[[torch.nn.Module, "PackedBatch", torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def whole_logits_at(policy: torch.nn.Module, batch: PackedBatch, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The model's logits ``[M, V]`` (fp32) at target positions ``(rows, pos)``, through its whole ``[n, L, V]`` logits."""
+    logits = policy(input_ids=batch.ids, attention_mask=batch.attention_mask).logits  # [R, L, V]
+    return logits[rows, pos].float()
 
 
 def probe_positions(mask: torch.Tensor, max_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,6 +121,8 @@ class KLProbe:
 
     Args:
         seed: seed of the token subsample (the module's ``kl_probe_seed``).
+        logits_at: how logits at target positions are computed (default: :func:`whole_logits_at`;
+            the RL module passes its chunked LM head, :func:`~logra_lightning.rl.logprobs.position_logits`).
 
     Example::
 
@@ -119,8 +131,9 @@ class KLProbe:
         True
     """
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, logits_at: PositionLogits | None = None) -> None:
         self.seed = seed
+        self.logits_at = logits_at or whole_logits_at
         self.max_tokens: int | None = None  # KLStepControl's sample_tokens, learned from its first call
         self.cache = ProbeCache()
 
@@ -137,10 +150,8 @@ class KLProbe:
             return cached
         rows, pick = self.positions(seqs, step, max_tokens)
         device = seqs.ids.device
-        sub = seqs.rows(rows.to(device))
-        logits = policy(input_ids=sub.ids, attention_mask=sub.attention_mask).logits[:, :-1]  # [R, L-1, V]
         pick = pick.to(device)
-        return logits[pick[:, 0], pick[:, 1]].float()  # [N, V]
+        return self.logits_at(policy, seqs.rows(rows.to(device)).trimmed(), pick[:, 0], pick[:, 1])  # [N, V]
 
     def base_recorder(self, seqs: PackedBatch, step: int) -> _BaseRecorder | None:
         """A recorder of the probe positions' logits for the micro-batched ``pi_old`` pass over ``seqs``.
@@ -159,13 +170,20 @@ class _BaseRecorder:
     def __init__(self, cache: ProbeCache, key: tuple, rows: torch.Tensor, pos: torch.Tensor, device) -> None:
         self.cache, self.key = cache, key
         self.rows, self.pos = rows.to(device), pos.to(device)  # [M] ascending, [M]
-        self.parts: list[torch.Tensor] = []
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (indices into the probe order, logits)
 
-    def add(self, lo: int, logits: torch.Tensor) -> None:
-        """Take the probed positions among rows ``lo .. lo + len(logits)`` of ``logits`` ``[n, L-1, V]``."""
-        here = (self.rows >= lo) & (self.rows < lo + len(logits))  # [M]
-        self.parts.append(logits[self.rows[here] - lo, self.pos[here]].float())  # [m, V], in probe order
+    def add(self, rows: torch.Tensor, logits_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Take the probed positions among the batch's ``rows`` ``[n]`` (one micro-batch, in its order).
+
+        ``logits_at(local_rows [m], pos [m])`` returns the logits ``[m, V]`` at rows of the micro-batch.
+        """
+        match = self.rows[:, None] == rows.to(self.rows.device)[None, :]  # [M, n]
+        here = match.any(dim=1).nonzero()[:, 0]  # [m] indices into the probe order
+        if len(here):
+            local = match[here].int().argmax(dim=1)  # [m] rows of the micro-batch
+            self.parts.append((here, logits_at(local, self.pos[here])))
 
     def save(self, policy: torch.nn.Module) -> None:
-        """Cache the collected logits ``[M, V]``, valid while ``policy``'s weights are unchanged."""
-        self.cache.put(policy, self.key, torch.cat(self.parts))
+        """Cache the collected logits ``[M, V]`` (probe order), valid while ``policy``'s weights are unchanged."""
+        index = torch.cat([i for i, _ in self.parts])
+        self.cache.put(policy, self.key, torch.cat([v for _, v in self.parts])[index.argsort()])

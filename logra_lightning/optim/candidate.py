@@ -28,6 +28,7 @@ from functools import partial
 
 import torch
 
+from logra_lightning.optim import rounding
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.matrix import LowRankMatrix, as_matrix
@@ -155,7 +156,8 @@ def move_(
     ``W(a) = c(a) * W0 + a * Δ_add`` with ``c(a) = 1 - a * lr * wd``, so ``move_(w, p, a, b)``
     followed by ``move_(w, p, b, a)`` restores ``w`` up to rounding. Bf16/fp16 weights get the
     fp32 change through ``add_low_precision(w, delta)`` (LoGRA's ``bf16_update`` rule; default:
-    round to nearest).
+    round to nearest); for a low-rank Δ, ``delta`` is a function of a row range that expands
+    those rows only (:func:`~logra_lightning.optim.rounding.add_by_rule`).
     """
     lr, wd = pend.lr, pend.weight_decay
     k = (1 - end * lr * wd) / (1 - start * lr * wd) if wd else 1.0
@@ -165,7 +167,7 @@ def move_(
     if coef == 0.0:
         return
     low = w.dtype not in (torch.float32, torch.float64)
-    add = add_low_precision or (lambda w_, d: w_.add_(d.to(w_.dtype)))
+    add = add_low_precision or (lambda w_, d: rounding.add_by_rule("nearest", w_, d, {}, 0))
     if not pend.lowrank:
         if low:
             add(w, pend.dense().mul_(-lr * coef))
@@ -174,10 +176,14 @@ def move_(
         return
     w = as_matrix(w)  # [m, n]
     u, basis, alpha = pend.direction, pend.basis, -lr * pend.scale * coef
-    if w.dtype != u.dtype:
-        add(w, sk.lowrank_delta(u, basis, pend.side).mul_(alpha))  # fp32 [m, n], rounded once into w
-        return
     basis = basis.to(u.dtype)  # a bf16-stored basis: an fp32 copy of [n, r] | [m, r]
+    if w.dtype != u.dtype:  # fp32 rows of Δ, expanded block by block and rounded once into w
+        if pend.side == "right":
+            rows = lambda lo, hi: (u[lo:hi] @ basis.T).mul_(alpha)  # noqa: E731  [c, r] @ [r, n]
+        else:
+            rows = lambda lo, hi: (basis[lo:hi] @ u).mul_(alpha)  # noqa: E731  [c, r] @ [r, n]
+        add(w, rounding.DeltaRows(rows, w.shape))
+        return
     if pend.side == "right":
         w.addmm_(u, basis.T, alpha=alpha)  # [m, r] @ [r, n]
     else:

@@ -12,7 +12,8 @@ update with one of these rules (``bf16_update=``); measured in docs/results.md (
   what rounding dropped and adds it back at the next step, so ``w + c`` tracks the exact sum.
 
 Each function returns new tensors (the optimizer copies them into place) and takes the fp32
-sum ``w + Δ`` once, so the only rounding is the final one. :func:`lost_updates` counts the
+sum ``w + Δ`` once, so the only rounding is the final one. :func:`add_by_rule` applies a rule
+in blocks of rows, so its fp32 temporaries are a few MB whatever the matrix. :func:`lost_updates` counts the
 entries whose nonzero update left the weight unchanged. Tests: ``tests/test_rounding.py``
 (against float64 arithmetic).
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable
 
 import torch
@@ -89,22 +91,76 @@ def lost_updates(old: torch.Tensor, new: torch.Tensor, delta: torch.Tensor) -> i
     return int(((new == old) & (delta != 0)).sum())
 
 
-def add_by_rule(rule: str, w: torch.Tensor, delta: torch.Tensor, state: dict, seed: int) -> int:
+CHUNK_ELEMENTS = 1 << 20  # entries per block of the rounded add: 4 MB per fp32 temporary
+
+
+class DeltaRows:
+    """An fp32 update of shape ``shape`` given by its rows: ``delta(lo, hi)`` is ``[hi - lo, n]``.
+
+    Example::
+
+        >>> d = DeltaRows(lambda lo, hi: torch.ones(hi - lo, 3), (4, 3))
+        >>> d(1, 3).shape, d.numel()
+        (torch.Size([2, 3]), 12)
+    """
+
+    def __init__(self, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, ...]) -> None:
+        self.rows, self.shape = rows, tuple(shape)
+
+    def __call__(self, lo: int, hi: int) -> torch.Tensor:
+        return self.rows(lo, hi)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def add_by_rule(
+    rule: str,
+    w: torch.Tensor,
+    delta: torch.Tensor | DeltaRows,
+    state: dict,
+    seed: int,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> int:
     """``w += delta`` in place for a bf16/fp16 ``w`` by ``rule`` (one of :data:`MODES`); returns the entries lost.
+
+    The add runs over blocks of rows of ``w`` (its first dim; about ``chunk_elements`` entries each),
+    so the fp32 update, the fp32 sum, the random bits and their masks exist for one block at a
+    time, not for the whole matrix. ``delta`` is the fp32 update (``w``'s shape), or a function
+    returning its rows ``lo:hi``, so that a low-rank update is expanded block by block too
+    (:func:`~logra_lightning.optim.candidate.move_`). The result does not depend on the blocks:
+    the random bits come from one generator in row order.
 
     ``"kahan"`` keeps its compensation in ``state["bf16_comp"]`` (created on first use);
     ``"stochastic"`` (bf16 only; fp16 falls back to nearest) draws its bits from ``seed``.
+
+    Example::
+
+        >>> w = torch.ones(5, 3, dtype=torch.bfloat16)
+        >>> add_by_rule("nearest", w, DeltaRows(lambda lo, hi: torch.full((hi - lo, 3), 0.5), (5, 3)), {}, 0, 6)
+        0
+        >>> w[4].tolist()
+        [1.5, 1.5, 1.5]
     """
-    if rule == "kahan":
-        comp = state.setdefault("bf16_comp", torch.zeros_like(w))
-        new, comp_new = add_kahan(w, delta, comp)
-        comp.copy_(comp_new)
-    elif rule == "stochastic" and w.dtype == torch.bfloat16:
-        new = add_stochastic(w, delta, torch.Generator().manual_seed(seed))
-    else:
-        new = add_nearest(w, delta)
-    lost = lost_updates(w, new, delta)
-    w.copy_(new)
+    rows = w.shape[0] if w.dim() else 1
+    flat = w.view(rows, -1)  # [m, n]
+    comp = state.setdefault("bf16_comp", torch.zeros_like(w)).view(rows, -1) if rule == "kahan" else None
+    gen = torch.Generator().manual_seed(seed) if rule == "stochastic" and w.dtype == torch.bfloat16 else None
+    step = max(1, chunk_elements // max(flat.shape[1], 1))
+    lost = 0
+    for lo in range(0, rows, step):
+        hi = min(lo + step, rows)
+        d = delta(lo, hi) if callable(delta) else delta.view(rows, -1)[lo:hi]  # [c, n] fp32
+        old = flat[lo:hi]
+        if comp is not None:
+            new, comp_new = add_kahan(old, d, comp[lo:hi])
+            comp[lo:hi] = comp_new
+        elif gen is not None:
+            new = add_stochastic(old, d, gen)
+        else:
+            new = add_nearest(old, d)
+        lost += lost_updates(old, new, d)
+        old.copy_(new)
     return lost
 
 

@@ -58,7 +58,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{label:<32}" + "".join(f"{o['breakdown'][key] / GiB:>14.2f}" for o in opts.values()))
     lines.append("-" * (32 + 14 * len(opts)))
     lines.append(f"{'peak total':<32}" + "".join(f"{o['peak_bytes'] / GiB:>14.2f}" for o in opts.values()))
-    lines.append(f"{'  at':<32}" + "".join(f"{o['peak_phase']:>14}" for o in opts.values()))
+    lines.append(f"{'  at':<32}" + "".join(f" {o['peak_phase']:>13}" for o in opts.values()))
     verdict = [f"{'fits' if o['fits'] else 'OOM'} ({o['headroom_bytes'] / GiB:+.1f})" for o in opts.values()]
     lines.append(f"{'fits in ' + format(s['gpu_memory_gb'], 'g') + ' GiB?':<32}" + "".join(f"{v:>14}" for v in verdict))
     for mode in ("checkpointed", "not_checkpointed"):

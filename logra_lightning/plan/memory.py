@@ -17,7 +17,8 @@ process and a real 2-process FSDP2 run) in ``tests/test_plan.py`` and against me
 memory in ``benchmarks/plan_vs_measured.py``.
 
 The model, per GPU, for ``N`` GPUs (FSDP2 shards every parameter on dim 0: a rank holds
-``ceil(m / N)`` rows), ``t = batch * seq_len`` tokens per micro-batch, ``c`` bytes per compute
+``ceil(m / N)`` rows), ``t = batch * seq_len`` tokens per micro-batch (or fewer with
+``--micro-batch-tokens``), ``c`` bytes per compute
 element (4 for fp32, 2 for bf16):
 
 * parameters: sharded, fp32 (``fp32``, ``bf16-mixed``: fp32 master weights) or bf16 (``bf16-true``).
@@ -44,12 +45,21 @@ element (4 for fp32, 2 for bf16):
   see departure 6). Checkpointed: only ``c h`` per layer is saved and one layer
   is recomputed during backward. Head: ids 8, the final norm, and the logits:
   ``c V`` kept by the step + fp32 log-softmax ``4 V`` saved + two fp32 ``V`` gradients while
-  log-softmax backward runs (``rl.logprobs.gather_logprobs`` over the full vocabulary).
+  log-softmax backward runs (``rl.logprobs.gather_logprobs`` over the full vocabulary), with
+  ``--lm-head-chunk 0``. By default (``--lm-head-chunk k``, :mod:`logra_lightning.rl.lm_head`)
+  the logits never exist whole: saved per token only the hidden state at the target ``c h`` and
+  16 bytes (fp32 log-sum-exp and log-prob, int64 target); one block of ``k`` tokens is live at a
+  time: ``k (c + 4 + 4) V`` in forward (logits, their fp32 copy when ``c = 2``, softmax for the
+  entropy), ``k (c + 4) V`` in backward; the hidden states' gradient ``c h`` per token. With
+  ``--micro-batch-tokens B`` a micro-batch holds ``min(batch, B // seq_len)`` (>= 1) whole
+  sequences packed in one row.
 * FSDP2 buffers (``N > 1`` or a bf16 compute cast): the root unit (embeddings, untied lm_head,
   final norm) unsharded in ``c`` for the whole step (FSDP2 does not reshard the root after
-  forward) plus its unsharded gradient in backward (tied: two more ``[V, h]`` while the two
-  contributions are summed); two decoder layers gathered (current + prefetch); one unit's
-  unsharded gradient and its fp32 reduce-scatter copy.
+  forward; with the chunked head, only until backward has passed the head and the final norm,
+  :func:`logra_lightning.rl.lm_head.forward_hidden`) plus its unsharded gradient in backward
+  (tied: two more ``[V, h]`` while the two contributions are summed; one with the chunked head,
+  whose gradient autograd adds to in place); two decoder layers gathered (current + prefetch);
+  one unit's unsharded gradient and its fp32 reduce-scatter copy.
 * rollout engine when colocated: bf16 weights ``/ engine_tp`` and the KV cache of
   ``rollout_batch`` sequences per GPU (K and V, bf16; sliding-window layers keep ``window`` tokens).
 
@@ -157,6 +167,18 @@ def activation_phases(arch: Architecture, setup: PlanSetup, checkpointing: bool)
     c, t, v, h = setup.compute_bytes, setup.tokens, arch.vocab_size, arch.hidden_size
     saved = saved_activation_bytes(arch, setup, checkpointing)
     layer = layer_activation_bytes(arch, c) + c * (3 * arch.active_intermediate_size + 2 * h)  # + backward working set
+    if setup.lm_head_chunk:
+        k = min(setup.lm_head_chunk, t)
+        upcast = 4 if c != 4 else 0  # the fp32 copy of a block's logits (none when they are fp32 already)
+        head_saved = t * (c * h + 16)  # hidden states at the targets, fp32 log-sum-exp and log-prob, target ids
+        phases = {
+            "loss_backward": saved + head_saved + k * (c + upcast + 4) * v,  # block: logits, fp32, softmax
+            "head_backward": saved + head_saved + t * c * h + k * (c + upcast) * v,  # + grad of the hidden states
+            "layer_backward": t * (c * h + layer),
+            "embedding_backward": 0,
+            "optimizer_step": 0,
+        }
+        return {**phases, "peak": max(phases.values())}
     phases = {
         "loss_backward": saved + t * (12 + c) * v,
         "head_backward": saved + t * 2 * c * v,
@@ -174,12 +196,15 @@ def fsdp_phases(arch: Architecture, setup: PlanSetup) -> dict[str, int]:
     c = setup.compute_bytes
     extra = 4 - c if setup.precision == "bf16-mixed" else 0  # fp32 reduce-scatter copy of a bf16 grad
     root, layer = arch.unit_params("root"), arch.unit_params("layer")
-    tied = 2 * arch.vocab_size * arch.hidden_size * c if arch.tie_word_embeddings else 0
+    copies = 1 if setup.lm_head_chunk else 2  # see optimizers.tied_grad_copies
+    tied = copies * arch.vocab_size * arch.hidden_size * c if arch.tie_word_embeddings else 0
+    # unsharded root weights in the decoder layers' backward: none once the chunked head has resharded them
+    held = 0 if setup.lm_head_chunk else root * c
     return {
         "loss_backward": root * c + 2 * layer * c,
         "head_backward": 2 * root * c + 2 * layer * c,
-        "layer_backward": 2 * root * c + 2 * layer * c + layer * (c + extra),
-        "embedding_backward": 2 * root * c + max(tied, root * extra),  # the tied sum is freed before the cast
+        "layer_backward": held + root * c + 2 * layer * c + layer * (c + extra),
+        "embedding_backward": held + root * c + max(tied, root * extra),  # the tied sum is freed before the cast
         "optimizer_step": 0,
     }
 

@@ -67,11 +67,15 @@ def _tied_grad_copies(arch: Architecture, setup: PlanSetup) -> int:
     """Extra full embedding gradients during the embedding's backward with tied weights (no FSDP).
 
     Autograd keeps the lm_head contribution in the input buffer of the shared weight until the
-    embedding's own gradient exists, then adds them out of place: three ``[V, h]`` at once
-    (measured: 3.1x ``V*h*4`` bytes on CPU, with or without a post-accumulate hook).
+    embedding's own gradient exists, then adds them. With whole logits that contribution is the
+    transposed product of the head's matmul and the sum is out of place: three ``[V, h]`` at once
+    (measured: 3.1x ``V*h*4`` bytes on CPU, with or without a post-accumulate hook). The chunked
+    head returns a contiguous gradient that the embedding's is added to in place: two (measured:
+    2.0x, ``lm_head_chunk > 0``).
     """
     tied = arch.tie_word_embeddings and not setup.fsdp_buffers
-    return 2 * arch.vocab_size * arch.hidden_size * setup.param_bytes if tied else 0
+    copies = 1 if setup.lm_head_chunk else 2
+    return copies * arch.vocab_size * arch.hidden_size * setup.param_bytes if tied else 0
 
 
 def adamw_terms(arch: Architecture, setup: PlanSetup) -> OptimizerTerms:

@@ -53,6 +53,14 @@ class PlanSetup:
     rank: int = _field(256, "LoGRA rank (default 256, or the smallest matrix dim)")
     batch: int = _field(1, "sequences per GPU per micro-batch")
     seq_len: int = _field(2048, "tokens per sequence (prompt + completion)")
+    micro_batch_tokens: int | None = _field(
+        None,
+        "tokens per micro-batch (the module's max_tokens_per_micro_batch, padding-free): whole sequences "
+        "up to this many, at least one (default: batch x seq-len)",
+    )
+    lm_head_chunk: int = _field(
+        512, "tokens per block through the LM head (the module's lm_head_chunk_size); 0: whole logits"
+    )
     precision: str = _field("bf16-mixed", choices=PRECISIONS)
     activation_checkpointing: bool = _field(True)
     colocate_engine: bool = _field(False, "rollout engine on the training GPUs")
@@ -77,6 +85,10 @@ class PlanSetup:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlanError(f"{key}={value!r} must be an integer >= 1")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise PlanError(f"micro_batch_tokens={self.micro_batch_tokens!r} must be >= 1 (or None: batch x seq_len)")
+        if isinstance(self.lm_head_chunk, bool) or not isinstance(self.lm_head_chunk, int) or self.lm_head_chunk < 0:
+            raise PlanError(f"lm_head_chunk={self.lm_head_chunk!r} must be an integer >= 0 (0: whole logits)")
         if self.rollout_batch is not None and self.rollout_batch < 1:
             raise PlanError(f"rollout_batch={self.rollout_batch!r} must be >= 1 (or None: the training batch)")
         if self.oversample < 0:
@@ -108,7 +120,10 @@ class PlanSetup:
 
     @property
     def tokens(self) -> int:
-        return self.batch * self.seq_len
+        """Tokens per micro-batch: ``batch`` sequences, or as many whole ones as ``micro_batch_tokens`` holds (>= 1)."""
+        if self.micro_batch_tokens is None:
+            return self.batch * self.seq_len
+        return self.seq_len * max(1, min(self.batch, self.micro_batch_tokens // self.seq_len))
 
     @property
     def fsdp_buffers(self) -> bool:

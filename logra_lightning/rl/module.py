@@ -49,6 +49,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -68,8 +69,10 @@ from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.rewards import ExactMatchReward
 from logra_lightning.rl.evaluation import HeldOutEvaluation
 from logra_lightning.rl.faults import FaultPolicy, all_ranks_agree, degenerate_rollout, engine_failure, grads_finite
-from logra_lightning.rl.logprobs import sequence_logprobs, token_logprobs
+from logra_lightning.rl.lm_head import DEFAULT_CHUNK_SIZE
+from logra_lightning.rl.logprobs import position_logits, sequence_logprobs, token_logprobs
 from logra_lightning.rl.loss import LossConfig, grpo_advantages, grpo_loss, masked_mean, tis_weights
+from logra_lightning.rl.micro_batches import plan_micro_batches, split_to_count, use_padding_free
 from logra_lightning.rl.phases import announce_phase
 from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
@@ -93,7 +96,17 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         kl_coef: weight of the k3 KL penalty to a frozen copy of the initial policy (0: off,
             and no reference model is built).
         ppo_epochs: optimizer steps per rollout batch.
-        micro_batch_size: sequences per forward/backward (``None``: the whole batch).
+        micro_batch_size: sequences per forward/backward (``None``: the whole batch, or as many as
+            ``max_tokens_per_micro_batch`` allows).
+        max_tokens_per_micro_batch: tokens per forward/backward (``None``: off): rows sorted by
+            length and packed first-fit, padding-free where the model supports it, else each
+            micro-batch padded to its own longest row (:mod:`~logra_lightning.rl.micro_batches`).
+            Also bounds the ``pi_old``/reference passes. A row longer than this runs alone.
+        lm_head_chunk_size: tokens per block through the LM head (:mod:`~logra_lightning.rl.lm_head`):
+            the logits ``[n, L, V]`` never exist whole, only ``[chunk, V]`` at a time, and only at
+            completion tokens. ``None``: whole logits.
+        padding_free: with ``max_tokens_per_micro_batch``, run each micro-batch's rows packed in one
+            row (``None``: when the model family supports it; ``True``: required; ``False``: padded buckets).
         eval_max_new_tokens: completion limit for held-out greedy evaluation.
         correct_reward: reward at or above which a sample counts as correct.
         activation_checkpointing: enable HF gradient checkpointing on the policy.
@@ -143,6 +156,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         kl_coef: float = 0.0,
         ppo_epochs: int = 1,
         micro_batch_size: int | None = None,
+        max_tokens_per_micro_batch: int | None = None,
+        lm_head_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        padding_free: bool | None = None,
         eval_max_new_tokens: int | None = None,
         correct_reward: float = 1.0,
         activation_checkpointing: bool = False,
@@ -175,7 +191,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self.accuracy_history: list[tuple[int, float]] = []
         self._ref: list[torch.nn.Module] = []  # a list keeps the frozen reference out of state_dict
         self._probe: PackedBatch | None = None  # the current step's batch, which the KL probe samples
-        self._kl_probe = KLProbe(kl_probe_seed)
+        self._kl_probe = KLProbe(kl_probe_seed, partial(position_logits, chunk_size=lm_head_chunk_size))
+        self._packed = False  # micro-batches run padding-free (decided in setup, from the model)
+        self._plan: tuple[PackedBatch | None, list[list[int]]] = (None, [])  # a batch and its rows per micro-batch
         self.faults = FaultPolicy(max_consecutive_skips, max_new_tokens)  # counters checkpointed
         self._fit_started = 0.0
         self._rollouts = 0  # the sampling position (checkpointed)
@@ -205,6 +223,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         )  # before policy and engine
         self.policy, self.tokenizer = load_policy(self.model_path)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
+        self._packed = use_padding_free(
+            self.hparams.max_tokens_per_micro_batch, self.hparams.padding_free, self.policy.config
+        )
         if self.hparams.activation_checkpointing:
             self.policy.gradient_checkpointing_enable()
             self.policy.config.use_cache = False
@@ -301,10 +322,16 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         """One PPO epoch: loss and ``manual_backward`` per micro-batch; adds its stats; False if a loss was not finite."""
         hp, finite = self.hparams, True
         cfg = LossConfig(clip_low=hp.clip_low, clip_high=hp.clip_high, kl_coef=hp.kl_coef)
-        n, micro = len(traj.seqs.ids), hp.micro_batch_size or len(traj.seqs.ids)
-        for lo in range(0, n, micro):
-            mb = traj.rows(slice(lo, lo + micro))
-            logprobs, entropy = token_logprobs(self.policy, mb.seqs, hp.temperature, entropy=epoch == 0)  # [n, L-1]
+        for rows in self._plan_micro_batches(traj.seqs):
+            mb = traj.rows(torch.as_tensor(rows, device=self.device)).trimmed()
+            logprobs, entropy = token_logprobs(
+                self.policy,
+                mb.seqs,
+                hp.temperature,
+                entropy=epoch == 0,
+                chunk_size=hp.lm_head_chunk_size,
+                packed=self._packed,
+            )  # [n, L-1]
             loss, st = grpo_loss(logprobs, mb, traj.num_tokens, cfg, entropy=entropy)
             self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
             finite = finite and math.isfinite(st["loss/policy"])
@@ -385,13 +412,33 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         lp = sequence_logprobs(
             model or self.policy,
             seqs,
-            self.hparams.micro_batch_size,
+            self._plan_micro_batches(seqs),
             self.hparams.temperature,
             on_logits=probe.add if probe is not None else None,
+            chunk_size=self.hparams.lm_head_chunk_size,
+            packed=self._packed,
         )
         if probe is not None:
             probe.save(self.policy)
         return lp
+
+    def _plan_micro_batches(self, seqs: PackedBatch) -> list[list[int]]:
+        """Rows per micro-batch (:func:`~logra_lightning.rl.micro_batches.plan_micro_batches`), as many on every rank.
+
+        Planned once per batch: the ``pi_old``, reference and loss passes use the same micro-batches.
+        """
+        if self._plan[0] is seqs:
+            return self._plan[1]
+        hp, lengths = self.hparams, seqs.lengths.tolist()
+        plan = plan_micro_batches(
+            lengths, max_rows=hp.micro_batch_size, max_tokens=hp.max_tokens_per_micro_batch, packed=self._packed
+        )
+        if hp.max_tokens_per_micro_batch is not None and self._trainer is not None and self.trainer.world_size > 1:
+            # every rank runs as many forward/backward passes (DDP and FSDP2 communicate in each)
+            count = int(self.trainer.strategy.reduce(torch.tensor(len(plan), device=self.device), reduce_op="max"))
+            plan = split_to_count(plan, count, lengths, self._packed)
+        self._plan = (seqs, plan)
+        return plan
 
     # ---------------------------------------------------------- KL probe protocol
     @torch.no_grad()

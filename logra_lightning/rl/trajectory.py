@@ -43,6 +43,18 @@ class PackedBatch:
     def num_tokens(self) -> int:
         return int(self.mask.sum())
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[N]`` real tokens per row (prompt + completion)."""
+        return self.attention_mask.sum(dim=1)
+
+    def trimmed(self) -> PackedBatch:
+        """These rows without the padding columns that none of them uses (``L`` = the longest row)."""
+        w = max(int(self.lengths.max()), 2) if len(self.ids) else self.ids.shape[1]
+        if w >= self.ids.shape[1]:
+            return self
+        return PackedBatch(self.ids[:, :w], self.attention_mask[:, :w], self.targets[:, : w - 1], self.mask[:, : w - 1])
+
 
 @dataclass
 class Trajectory:
@@ -71,6 +83,17 @@ class Trajectory:
     def num_tokens(self) -> int:
         """Completion tokens of these rows."""
         return self.seqs.num_tokens
+
+    def trimmed(self) -> Trajectory:
+        """These rows without the padding columns none of them uses (per-token tensors cut to match)."""
+        seqs = self.seqs.trimmed()
+        if seqs is self.seqs:
+            return self
+        t = seqs.targets.shape[1]
+        cut = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("old_logprobs", "tis_weights", "ref_logprobs"):
+            cut[name] = None if cut[name] is None else cut[name][:, :t]
+        return Trajectory(**{**cut, "seqs": seqs})
 
 
 def _take(t: torch.Tensor | None, index) -> torch.Tensor | None:
