@@ -20,6 +20,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -37,29 +38,34 @@ def global_batch(step: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)  # [B, T]
 
 
+class Net(nn.Module):
+    """Embedding -> residual MLP -> LayerNorm -> head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.up, self.down = nn.Linear(WIDTH, 2 * WIDTH), nn.Linear(2 * WIDTH, WIDTH)
+        self.norm, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)  # [B, T, D]
+        h = h + self.down(torch.nn.functional.gelu(self.up(h)))
+        return self.head(self.norm(h))  # [B, T, V]
+
+
 class TinyLM(L.LightningModule):
-    """Embedding -> residual MLP -> LayerNorm -> head; next-token cross-entropy."""
+    """:class:`Net` trained on next-token cross-entropy."""
 
     def __init__(self, optimizer: str, manual: bool, accumulate: int, clip: float | None) -> None:
         super().__init__()
         self.optimizer_name, self.accumulate, self.clip = optimizer, accumulate, clip
         self.automatic_optimization = not manual
         torch.manual_seed(0)
-        self.net = nn.ModuleDict(
-            dict(
-                embed=nn.Embedding(VOCAB, WIDTH),
-                up=nn.Linear(WIDTH, 2 * WIDTH),
-                down=nn.Linear(2 * WIDTH, WIDTH),
-                norm=nn.LayerNorm(WIDTH),
-                head=nn.Linear(WIDTH, VOCAB),
-            )
-        )
+        self.net = Net()
         self.record: dict = {}
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.net["embed"](ids)  # [B, T, D]
-        h = h + self.net["down"](torch.nn.functional.gelu(self.net["up"](h)))
-        return self.net["head"](self.net["norm"](h))  # [B, T, V]
+        return self.net(ids)
 
     def configure_model(self) -> None:
         from lightning.pytorch.strategies import ModelParallelStrategy
@@ -69,7 +75,7 @@ class TinyLM(L.LightningModule):
 
             mesh = self.device_mesh["data_parallel"]
             for name in ("up", "down", "head"):
-                fully_shard(self.net[name], mesh=mesh)
+                fully_shard(getattr(self.net, name), mesh=mesh)
             fully_shard(self.net, mesh=mesh)
 
     def configure_optimizers(self):
@@ -86,7 +92,12 @@ class TinyLM(L.LightningModule):
         logits = self(ids[:, :-1])  # [b, T-1, V]
         return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
+    def kl_probe_logits(self, max_tokens: int) -> torch.Tensor:
+        """Logits ``[N, V]`` at the first ``max_tokens`` positions of the step's batch (KLStepControl's protocol)."""
+        return self(self._probe_ids[:, :-1]).reshape(-1, VOCAB)[:max_tokens]
+
     def training_step(self, batch, batch_idx: int):
+        self._probe_ids = global_batch(self.global_step)
         if self.automatic_optimization:
             return self._loss(self._rows(batch_idx % self.accumulate))
         opt = self.optimizers()
@@ -98,22 +109,40 @@ class TinyLM(L.LightningModule):
         opt.zero_grad()
 
     def on_fit_end(self) -> None:
-        params = {
-            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for n, p in self.named_parameters()
-        }
-        opt = self.optimizers()
-        opt = getattr(opt, "optimizer", opt)
-        self.record.update(
-            rank=self.global_rank,
-            world=self.trainer.world_size,
-            data_parallel_bytes=getattr(opt, "data_parallel_bytes", 0),
-            modes=opt.setup_data_parallel() if isinstance(opt, LoGRA) else {},
-            ddp_ignored=sorted(n for n, p in self.named_parameters() if getattr(p, "_ddp_ignored", False)),
-        )
+        params, record = rank_record(self.trainer, self)
         out = Path(self.out_dir)
         torch.save(params, out / f"rank{self.global_rank}.pt")
-        (out / f"rank{self.global_rank}.json").write_text(json.dumps(self.record))
+        (out / f"rank{self.global_rank}.json").write_text(json.dumps({**self.record, **record}))
+
+
+def rank_record(trainer: L.Trainer, module: L.LightningModule) -> tuple[dict, dict]:
+    """Every weight (gathered from FSDP2 shards) and what the optimizer says about data parallelism."""
+    params = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in module.named_parameters()
+    }
+    opt = trainer.optimizers[0]
+    opt = getattr(opt, "optimizer", opt)
+    record = dict(
+        rank=trainer.global_rank,
+        world=trainer.world_size,
+        data_parallel_bytes=getattr(opt, "data_parallel_bytes", 0),
+        modes=opt.setup_data_parallel() if isinstance(opt, LoGRA) else {},
+        ddp_ignored=sorted(n for n, p in module.named_parameters() if getattr(p, "_ddp_ignored", False)),
+        metrics={k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+    )
+    return params, record
+
+
+class WriteWeights(Callback):
+    """At the end of fit, every rank writes ``rank<r>.pt`` (weights) and ``rank<r>.json`` (:func:`rank_record`)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        params, record = rank_record(trainer, pl_module)
+        torch.save(params, Path(self.out) / f"rank{trainer.global_rank}.pt")
+        (Path(self.out) / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ Run: ``.venv/bin/python -m pytest tests/test_ddp.py -q``
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -163,8 +164,22 @@ def _worker(rank: int, out: str) -> None:
         ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
         assert ddp.parameters_to_ignore == set(names)
         _train(ddp, opt, slice(rank * 4, (rank + 1) * 4))
+        # kept out of DDP but not told (no setup_data_parallel): refused at the step, not left to drift
+        other = _model()
+        stale = _optimizer(other)
+        keep_out_of_ddp(other, stale.lowrank_params())
+        other(*_data(0)).backward()
+        try:
+            stale.step()
+            error = ""
+        except RuntimeError as err:
+            error = str(err)
         torch.save(
-            {"params": {n: p.detach() for n, p in model.named_parameters()}, "bytes": opt.data_parallel_bytes},
+            {
+                "params": {n: p.detach() for n, p in model.named_parameters()},
+                "bytes": opt.data_parallel_bytes,
+                "error": error,
+            },
             f"{out}/rank{rank}.pt",
         )
     finally:
@@ -185,3 +200,42 @@ def test_sketch_all_reduce_matches_one_process(tmp_path):
     # fp32 numbers per step: 3 flags + sketches a [4, 8] (left), b [16, 4], c [4, 4] (right); on the
     # refresh steps 0 and 2 also range sketches [16, 4 + 8] each (oversample 8)
     assert ranks[0]["bytes"] == 4 * (4 * (3 + 32 + 64 + 16) + 2 * 3 * 16 * 12)
+    assert "call opt.setup_data_parallel() after keep_out_of_ddp()" in ranks[0]["error"]
+
+
+# ------------------------------------------------------------------------------- logra fit
+def test_logra_fit_ddp_replicas_identical(tmp_path, tiny_policy_path):
+    """``logra fit --trainer.strategy ddp`` (LoGRA: run as ``logra_ddp``) with clipping: identical policies."""
+    out = tmp_path / "weights"
+    out.mkdir()
+    callbacks = [
+        {
+            "class_path": "logra_lightning.callbacks.KLStepControl",
+            "init_args": {"target_kl": 1e-3, "sample_tokens": 32},
+        },
+        {"class_path": "lightning_strategies.WriteWeights", "init_args": {"out": str(out)}},
+    ]
+    script = Path(sys.executable).with_name("logra")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "logra_lightning"]
+    cmd += ["fit", "--config", str(ROOT / "configs" / "arithmetic_tiny_logra.yaml")]
+    cmd += ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    cmd += ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1"]
+    cmd += ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", json.dumps(callbacks)]
+    cmd += ["--data.batch_size", "4", "--model.group_size", "4", "--model.gradient_clip_norm", "0.5"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "using 'logra_ddp'" in proc.stdout + proc.stderr
+    ranks = read(out)
+    assert len(ranks) == 2
+    assert_identical(ranks)
+    record = ranks[0][1]
+    assert record["modes"]["sketch"] > 0 and record["modes"]["grad"] == 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (log_dir,) = (tmp_path / "arithmetic_tiny_logra").iterdir()
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    norms = [e.value for e in acc.Scalars("grad/norm")]
+    assert len(norms) == 3 and max(norms) > 0 and all(math.isfinite(v) for v in norms)

@@ -106,6 +106,15 @@ def clip_grad_norm_(
     owners = _owners(params)
     if not owners:
         return _TORCH_NORM(params, max_norm, norm_type, error_if_nonfinite, foreach)
+    for opt in owners:
+        if opt._prepared:  # the update was computed from this step's gradients already
+            if opt._clip_norm is None:
+                raise RuntimeError(
+                    "clip_grad_norm_ after LoGRA prepared its update (prepare_update(), e.g. by a step-control "
+                    "callback) would not change the step: clip before prepare_update(). KLStepControl does that "
+                    "itself when Trainer(gradient_clip_val=...) is set"
+                )
+            return opt._clip_norm  # clipped before the update was prepared (KLStepControl): nothing left to do
     if float(norm_type) != 2.0:
         raise ValueError(
             f"clip_grad_norm_(norm_type={norm_type!r}) with LoGRA low-rank params: only norm_type=2 is supported "
@@ -151,6 +160,8 @@ def clip_grad_norm_(
     for opt, key in keyed:  # FSDP2 factored second moment: column sums of S*S, completed with the sketch
         if key in opt._col_sums:
             opt._col_sums[key].mul_(coef * coef)
+    for opt in owners:
+        opt._clip_norm = total
     return total
 
 

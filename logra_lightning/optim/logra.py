@@ -43,7 +43,9 @@ Choices and departures (numbered, as promised by the house style):
 11. **Low-precision weights** (``bf16-true``): the fp32 update is added with one rounding by
     ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round-to-nearest lost 94.9% of the
     updates at lr 1e-4, so ``"stochastic"`` is the default (``"kahan"``: a 2-byte compensation buffer).
-    Under ``bf16-mixed`` the hook and the step run with autocast off.
+    Under ``bf16-mixed`` the hook and the step run with autocast off. fp16 with a loss scaler
+    (``GradScaler``, Lightning's ``16-mixed``) is refused at the first step: the scaler unscales and
+    inf-checks ``.grad`` only, so the sketches would keep the loss scale and escape its inf check.
 12. **Data parallelism (DDP).** A low-rank matrix kept out of DDP (``strategy="logra_ddp"``) has its
     sketches (and range sketches) averaged by one all-reduce in the step instead of its gradient in
     backward; under plain DDP its full gradient is kept for DDP to average and sketched in the step
@@ -209,8 +211,10 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         self._sketches: dict[int, torch.Tensor] = {}
         # id(p) -> who averages a low-rank param's gradient across data-parallel replicas (choice 12)
         self._dp_mode: dict[int, str] = {}
+        self._modes_checked = False
         self.data_parallel_bytes = 0  # bytes LoGRA all-reduced for replicas so far (mode "sketch")
         self._reset_completion()
+        self._clip_norm: torch.Tensor | None = None  # this step's norm, once clipped (choice 13)
         super().__init__(groups, defaults)
         for group in self.param_groups:
             self._init_group(group)
@@ -260,6 +264,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             self._dp_mode[id(p)] = mode
         if entering:
             dp.broadcast_(entering)
+        self._modes_checked = False
         return {m: sum(v == m for v in self._dp_mode.values()) for m in dp.MODES}
 
     def _init_group(self, group: dict) -> None:
@@ -330,6 +335,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
                     self.state[p].pop("range", None)
         self._touched.clear()
         self._reset_completion()
+        self._clip_norm = None
 
     def _reset_completion(self) -> None:
         """Forget this step's completion (data-parallel reduce, FSDP2 sketch completion, non-finite checks)."""
@@ -414,6 +420,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         if self._dp_reduced:
             return
         self._dp_reduced = True
+        self._check_data_parallel_modes()
         members = [p for p in self.lowrank_params() if self._dp_mode[id(p)] == "sketch"]
         if not members:
             return
@@ -445,6 +452,20 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             self.state[p].pop("range", None)
             if not self.sketch_in_backward:
                 p.grad = None
+
+    def _check_data_parallel_modes(self) -> None:
+        """Once: the modes still match the process group and DDP marks (a mismatch would let replicas drift)."""
+        if self._modes_checked:
+            return
+        self._modes_checked = True
+        for name, p in zip(self._names(), self._params()):
+            mat = self._matrices.get(id(p))
+            if mat is not None and dp.reduce_mode(p, mat.shard) != self._dp_mode[id(p)]:
+                raise RuntimeError(
+                    f"LoGRA: {name!r} was set up for data-parallel mode {self._dp_mode[id(p)]!r} but is now in "
+                    f"{dp.reduce_mode(p, mat.shard)!r}: build LoGRA after torch.distributed.init_process_group, and "
+                    "call opt.setup_data_parallel() after keep_out_of_ddp() (LoGRADDPStrategy does both)"
+                )
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
@@ -534,9 +555,18 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             raise ValueError(f"Invalid step scale: {eta} (must be finite and >= 0)")
         self._step_scale = eta
 
+    # GradScaler then hands this optimizer its scale instead of unscaling .grad itself (choice 11)
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
         """Run ``closure`` (backward inside), prepare if needed, apply ``eta * Δ``, reset ``eta`` to 1."""
+        if getattr(self, "found_inf", None) is not None:  # set by torch.amp.GradScaler.step
+            raise ValueError(
+                "LoGRA cannot step under fp16 loss scaling (torch.amp.GradScaler; Lightning precision='16-mixed'): "
+                "the scaler unscales and checks .grad only, while LoGRA holds its matrices' gradients as sketches. "
+                "Use precision='bf16-mixed' or 'bf16-true' (no loss scaling needed)"
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -568,3 +598,4 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         self._pending.clear()
         self._prepared = False
         self._perturb_total = 0.0
+        self._clip_norm = None
