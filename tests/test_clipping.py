@@ -92,7 +92,7 @@ def test_torch_entry_points_are_routed_or_refused():
     with pytest.raises(ValueError, match="gradient_clip_algorithm='norm'"):
         torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     torch.nn.utils.clip_grad_value_(twin.parameters(), 1e-3)  # plain params: torch's value clipping
-    assert max(float(q.grad.abs().max()) for q in twin.parameters()) <= 1e-3
+    assert max(float(q.grad.abs().max()) for q in twin.parameters()) <= 1e-3 * (1 + 1e-6)
 
 
 def test_backward_after_clipping_is_refused():
@@ -159,8 +159,11 @@ def test_lightning_value_clipping_is_refused(tmp_path):
 
 
 def test_fp16_loss_scaling_is_refused():
-    model, _, opt = _pair(3)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Linear(16, 6))
+    opt = LoGRA(logra_param_groups(model, rank=3), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.randn(4, 12)).pow(2).sum()).backward()
     with pytest.raises(ValueError, match="bf16-mixed"):
         scaler.step(opt)
 
