@@ -43,7 +43,7 @@ ORDER = (
 )
 # Recorded by their own commands, not by `make bench`: each section follows the others when its full
 # results file exists (their scripts expose REPORTS too; never in --quick).
-EXTRA = ("memory_breakdown", "direction_error", "real_shapes_memory")
+EXTRA = ("memory_breakdown", "direction_error", "real_shapes_memory", "ddp_comm", "soak")
 
 
 def sections() -> list[str]:
@@ -110,7 +110,7 @@ def build(quick: bool, results: Path, readme: Path) -> str:
         if not quick and path.is_file():
             report = report_of(name)
             lines, found[name] = report.section(json.loads(path.read_text()))
-            body += [f"## {report.title}", ""] + lines
+            body += [f"## {report.title}", ""] + lines + _plot(name, quick, results, readme.parent)
     head = [
         "# Benchmarks",
         "",

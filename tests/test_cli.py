@@ -44,6 +44,14 @@ NEEDS_STAND_IN = {
         "--data.val.init_args.path",
         str(DATA / "math_tiny.jsonl"),
     ],
+    "qwen2.5-7b_math_fsdp2x8.yaml": [
+        "--trainer.num_nodes",
+        "1",
+        "--data.train.init_args.path",
+        str(DATA / "math_tiny.jsonl"),
+        "--data.val.init_args.path",
+        str(DATA / "math_tiny.jsonl"),
+    ],
 }
 SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run as a subprocess by tests/test_fsdp_lightning.py
 # The reasoning configs run on a tiny policy with their own BPE tokenizer in tests/test_reasoning_tasks.py.

@@ -143,7 +143,7 @@ def test_bad_config_file(name, text, match, tmp_path, capsys):
         (["--export", "FILE"], r"--export='.*FILE': is a file, not a export directory"),
         (["--data.batch_size", "100000"], r"data.batch_size=100000: larger than the training set \(\d+ prompts\)"),
         (["--trainer.accumulate_grad_batches", "4"], r"accumulate_grad_batches=4: allowed 1; .*model.micro_batch_size"),
-        (["--trainer.gradient_clip_val", "1.0"], r"gradient_clip_val=1.0: not supported .*KLStepControl"),
+        (["--trainer.gradient_clip_val", "1.0"], r"gradient_clip_val=1.0: .*model.gradient_clip_norm=1.0"),
         (["--trainer.val_check_interval", "0"], r"val_check_interval=0: allowed numbers > 0"),
     ],
 )

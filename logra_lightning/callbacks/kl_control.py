@@ -55,9 +55,11 @@ Choices, in more detail than docs/design.md §4:
    ``eps`` must be one number), ``K`` and the realized KL are mean-reduced, so every rank
    takes the same ``eta`` and keeps the same calibration. Checked with DDP (2 CPU processes,
    gloo, different data per rank: identical ``eta`` and calibration); not yet run under FSDP2.
-3. **Gradient clipping** runs after ``on_before_optimizer_step``, i.e. after LoGRA's
-   ``prepare_update`` has read the gradients, so it has no effect on a natively two-phase
-   optimizer (a warning says so). The snapshot adapter sees the clipped update.
+3. **Gradient clipping** (``Trainer(gradient_clip_val=...)``) is done here, before a natively
+   two-phase optimizer prepares Δ: Lightning clips only after ``on_before_optimizer_step``, when
+   LoGRA's ``prepare_update`` has read the gradients; Lightning's own call then finds the step
+   clipped and does nothing (:mod:`~logra_lightning.optim.clipping`). The snapshot adapter steps
+   after Lightning's clipping and needs nothing.
 4. **Metrics are logged once per batch** (``on_train_batch_end``, mean over the optimizer
    steps of the batch); every step is kept in :attr:`KLStepControl.history` (the last 10,000).
    ``kl/realized`` exists on measured batches only, so it goes straight to ``trainer.loggers``
@@ -294,13 +296,6 @@ class KLStepControl(L.Callback):
         self._hooked[id(optimizer)] = optimizer.register_step_post_hook(post_step)
 
     def _check_optimizer(self, trainer: L.Trainer, opt: torch.optim.Optimizer) -> None:
-        if is_two_phase(opt) and trainer.gradient_clip_val:
-            self._warn_once(
-                "clip",
-                "KLStepControl: gradient clipping runs after `on_before_optimizer_step`, where the two-phase "
-                f"optimizer {type(opt).__name__} has already read the gradients, so it has no effect. Set "
-                "gradient_clip_val=None, or rely on the KL control to bound the step.",
-            )
         if any(p.dtype not in (torch.float32, torch.float64) for g in opt.param_groups for p in g["params"]):
             self._warn_once(
                 "dtype",
@@ -350,9 +345,20 @@ class KLStepControl(L.Callback):
         record["base"] = self._probe(pl_module, record)
         two.begin()
         if two.candidate_before_step:  # Δ exists now; the optimizer's step applies eta * Δ
+            self._clip_first(trainer, pl_module, optimizer)
             self._control(trainer, pl_module, two, record)
         record["control_s"] += time.perf_counter() - start
         self._pending[id(opt)] = (two, record)
+
+    @staticmethod
+    def _clip_first(trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        """Clip before Δ is prepared: Lightning clips only after this hook, when Δ would be fixed (choice 3)."""
+        if pl_module.automatic_optimization and trainer.gradient_clip_val:
+            pl_module.configure_gradient_clipping(
+                optimizer,
+                gradient_clip_val=trainer.gradient_clip_val,
+                gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+            )
 
     @torch.no_grad()
     def _after_step(self, trainer: L.Trainer, pl_module: L.LightningModule, opt: torch.optim.Optimizer) -> None:

@@ -18,7 +18,9 @@ turned into one line, ``--ckpt_path`` is checked before Lightning reads it
 (:func:`~logra_lightning.io.checkpoint.check_checkpoint_path`), and model paths, log and export
 directories in :func:`~logra_lightning.config.checks.validate_fit_config`. ``logra fit --export DIR``
 adds :class:`~logra_lightning.callbacks.ExportPolicy`; the progress bar is
-:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another.
+:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another. With LoGRA,
+``--trainer.strategy ddp`` (``ddp_spawn``) runs :class:`~logra_lightning.optim.LoGRADDPStrategy`
+(``logra_ddp``): LoGRA's matrices stay out of DDP and their sketches are all-reduced (docs/strategies.md).
 
 Example::
 
@@ -45,6 +47,7 @@ from logra_lightning.config.resume import check_resume_optimizer, checkpoint_opt
 from logra_lightning.data import PromptDataModule
 from logra_lightning.errors import ConfigError, LograError
 from logra_lightning.io.checkpoint import check_checkpoint_path, is_distributed_checkpoint
+from logra_lightning.optim.ddp_strategy import logra_strategy
 from logra_lightning.rl.module import PolicyGradientModule
 
 TRAINER_DEFAULTS = {
@@ -279,4 +282,8 @@ class LograCLI(LightningCLI):
         section = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and section.get("export"):
             callbacks.append(ExportPolicy(section.get("export")))
+        strategy = logra_strategy(config.get("strategy"), getattr(self.model, "optimizer_factory", None))
+        if strategy != config.get("strategy"):  # LoGRA's matrices out of DDP: their sketches are all-reduced instead
+            rank_zero_info(f"[logra] trainer.strategy={config.get('strategy')!r} with LoGRA: using {strategy!r}")
+            config = {**config, "strategy": strategy}
         return super()._instantiate_trainer(config, callbacks)

@@ -154,6 +154,12 @@ def check_module_args(hp: Mapping[str, Any]) -> None:
     count("lr_warmup_steps", 0)
     check("torch_threads", hp["torch_threads"] is None or hp["torch_threads"] >= 1, "None or integers >= 1")
     count("max_consecutive_skips", 0, none_ok=True)
+    clip = hp.get("gradient_clip_norm")
+    check(
+        "gradient_clip_norm",
+        clip is None or (_is_number(clip) and math.isfinite(clip) and clip > 0),
+        "None (off) or finite numbers > 0",
+    )
 
 
 # ------------------------------------------------------------ engine lengths
@@ -306,9 +312,16 @@ def check_trainer_args(trainer_cfg: Mapping[str, Any]) -> None:
     clip = trainer_cfg.get("gradient_clip_val")
     if clip not in (None, 0, 0.0):
         raise ConfigError(
-            f"trainer.gradient_clip_val={clip!r}: not supported (the module optimizes manually, and LoGRA frees each "
-            "gradient in backward, so there is no full gradient to clip); remove it. To bound the size of each step "
-            "use the KLStepControl callback"
+            f"trainer.gradient_clip_val={clip!r}: Lightning clips only under automatic optimization, and the RL module "
+            f"optimizes manually; use model.gradient_clip_norm={clip!r} instead (global L2 norm, LoGRA's sketches "
+            "included). To bound the size of each step in KL, use the KLStepControl callback"
+        )
+    algorithm = trainer_cfg.get("gradient_clip_algorithm")
+    if algorithm not in (None, "norm"):
+        raise ConfigError(
+            f"trainer.gradient_clip_algorithm={algorithm!r}: not supported; the RL module clips by the global L2 norm "
+            "(model.gradient_clip_norm). Value clipping cannot reach LoGRA's matrices, whose gradients are sketched "
+            "and freed in backward"
         )
     interval = trainer_cfg.get("val_check_interval")
     if interval is not None and not (_is_number(interval) and interval > 0):

@@ -15,13 +15,17 @@ from logra_lightning.optim.reference import LoGRAReference
 __all__ = ["LoGRA", "LoGRAReference", "is_eligible", "logra_param_groups", "split_named_params"]
 
 from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
+from logra_lightning.optim.data_parallel import keep_out_of_ddp
+from logra_lightning.optim.ddp_strategy import LoGRADDPStrategy
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.optim.two_phase import is_two_phase, two_phase
 
 __all__ += [
+    "LoGRADDPStrategy",
     "check_strategy_supported",
     "grad_bytes",
     "is_two_phase",
+    "keep_out_of_ddp",
     "optimizer_state_bytes",
     "param_bytes",
     "two_phase",

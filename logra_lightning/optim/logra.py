@@ -21,8 +21,8 @@ Choices and departures (numbered, as promised by the house style):
    (:func:`~logra_lightning.optim.sketch.rotate_moments`, ``rotate_factored``); step counts run on.
 4. **Non-finite values.** A NaN/inf range sketch keeps the old basis (``skipped_refreshes``); a
    NaN/inf gradient sketch skips that matrix's step (``skipped_updates``); both warn once.
-5. **Gradients are gone after backward** for low-rank params (``p.grad is None``; clipping sees
-   nothing; ``sketch_in_backward=False`` keeps them). The sketch lives like a gradient (first hook
+5. **Gradients are gone after backward** for low-rank params (``p.grad is None``; clipping covers
+   their sketches, choice 13; ``sketch_in_backward=False`` keeps them). The sketch lives like a gradient (first hook
    of a step to ``prepare_update``, dropped by ``zero_grad``) and is not checkpointed.
 6. **FSDP2 (row-sharded DTensors).** Sides and random matrices come from the *global* shape, so a
    sharded run takes the same steps as one process (``tests/test_fsdp2.py``); every state tensor is
@@ -43,7 +43,17 @@ Choices and departures (numbered, as promised by the house style):
 11. **Low-precision weights** (``bf16-true``): the fp32 update is added with one rounding by
     ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round-to-nearest lost 94.9% of the
     updates at lr 1e-4, so ``"stochastic"`` is the default (``"kahan"``: a 2-byte compensation buffer).
-    Under ``bf16-mixed`` the hook and the step run with autocast off.
+    Under ``bf16-mixed`` the hook and the step run with autocast off. fp16 with a loss scaler
+    (``GradScaler``, Lightning's ``16-mixed``) is refused at the first step: the scaler unscales and
+    inf-checks ``.grad`` only, so the sketches would keep the loss scale and escape its inf check.
+12. **Data parallelism (DDP).** A low-rank matrix kept out of DDP (``strategy="logra_ddp"``) has its
+    sketches (and range sketches) averaged by one all-reduce in the step instead of its gradient in
+    backward; under plain DDP its full gradient is kept for DDP to average and sketched in the step
+    (:mod:`~logra_lightning.optim.data_parallel`). Replicas stay bit-identical either way.
+13. **Clipping** covers what LoGRA holds: the sketches of low-rank matrices and the gradients of the
+    rest (:meth:`LoGRA.clip_grad_norm_`; ``torch.nn.utils.clip_grad_norm_`` and Lightning's
+    ``gradient_clip_val`` are routed to it, :mod:`~logra_lightning.optim.clipping`). A sketch's norm
+    is the norm of the gradient's projection onto the basis, at most the full gradient's norm.
 
 Example::
 
@@ -69,7 +79,8 @@ import torch
 
 from logra_lightning._util import WarnOnce, local
 from logra_lightning.optim import candidate as cand
-from logra_lightning.optim import host_memory, rounding, state_io
+from logra_lightning.optim import clipping, host_memory, rounding, state_io
+from logra_lightning.optim import data_parallel as dp
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.candidate import PendingUpdate
@@ -198,9 +209,17 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         # id(p) -> accumulated gradient sketch: like p.grad, not state. Allocated by the first
         # backward hook of a step, consumed by prepare_update(), dropped by zero_grad().
         self._sketches: dict[int, torch.Tensor] = {}
+        # id(p) -> who averages a low-rank param's gradient across data-parallel replicas (choice 12)
+        self._dp_mode: dict[int, str] = {}
+        self._modes_checked = False
+        self.data_parallel_bytes = 0  # bytes LoGRA all-reduced for replicas so far (mode "sketch")
+        self._reset_completion()
+        self._clip_norm: torch.Tensor | None = None  # this step's norm, once clipped (choice 13)
         super().__init__(groups, defaults)
         for group in self.param_groups:
             self._init_group(group)
+        self.setup_data_parallel()
+        clipping.register(self)  # choice 13
         if not any(self._is_lowrank(g) for g in self.param_groups):
             self._warn_once(
                 "dense",
@@ -223,6 +242,30 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         super().add_param_group(param_group)
         if hasattr(self, "_hooks") and self.param_groups[-1] is not None and self._group_of:
             self._init_group(self.param_groups[-1])
+            self.setup_data_parallel()
+
+    def lowrank_params(self) -> list[torch.Tensor]:
+        """The params LoGRA sketches (the rest get dense AdamW)."""
+        return [p for p in self._params() if id(p) in self._matrices]
+
+    def setup_data_parallel(self) -> dict[str, int]:
+        """Decide, per low-rank param, who averages its gradient across replicas (choice 12); count the modes.
+
+        Called when the optimizer is built, and again by
+        :class:`~logra_lightning.optim.ddp_strategy.LoGRADDPStrategy` after it kept LoGRA's params out
+        of DDP. A param that enters mode ``"sketch"`` is broadcast from rank 0, as DDP would have done
+        at wrap time: a collective, so every rank calls this at the same point.
+        """
+        entering = []
+        for p in self.lowrank_params():
+            mode = dp.reduce_mode(p, self._matrices[id(p)].shard)
+            if mode == "sketch" and self._dp_mode.get(id(p)) != "sketch":
+                entering.append(p)
+            self._dp_mode[id(p)] = mode
+        if entering:
+            dp.broadcast_(entering)
+        self._modes_checked = False
+        return {m: sum(v == m for v in self._dp_mode.values()) for m in dp.MODES}
 
     def _init_group(self, group: dict) -> None:
         validate_hparams(
@@ -270,8 +313,13 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
     @torch.no_grad()
     @rounding.outside_autocast
     def _sketch_hook(self, p: torch.Tensor) -> None:
-        if p.grad is None:
-            return
+        if p.grad is None or self._dp_mode.get(id(p)) == "grad":
+            return  # mode "grad": DDP averages this gradient after the hook; the step sketches it
+        if self._dp_reduced or id(p) in self._completed:
+            raise RuntimeError(
+                "LoGRA: a backward after this step's gradients were completed (by clip_grad_norm_ or "
+                "prepare_update); call optimizer.step() or zero_grad() before the next backward"
+            )
         self._accumulate(p, p.grad)
         p.grad = None
         if self.release_host_memory and p.device.type == "cpu":
@@ -286,6 +334,15 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
                 if id(p) in self._matrices:
                     self.state[p].pop("range", None)
         self._touched.clear()
+        self._reset_completion()
+        self._clip_norm = None
+
+    def _reset_completion(self) -> None:
+        """Forget this step's completion (data-parallel reduce, FSDP2 sketch completion, non-finite checks)."""
+        self._dp_reduced = False
+        self._completed: set[int] = set()
+        self._nonfinite: set[int] = set()
+        self._col_sums: dict[int, torch.Tensor] = {}
 
     def gradient_sketches(self) -> list[torch.Tensor]:
         """The accumulated gradient sketches of this step (what backward left in place of ``p.grad``)."""
@@ -298,12 +355,9 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         """Advance step counts and moments and hold the candidate update Δ. Idempotent until applied."""
         if self._prepared:
             return
-        if not self.sketch_in_backward:
-            self._sketch_full_grads()
-        touched = [(p, self._matrices[id(p)]) for p in self._params() if id(p) in self._touched]  # low-rank only
-        nonfinite, col_sums = sh.complete_sketches(
-            [(id(p), self._sketches[id(p)], mat.shard, mat.side == "left", mat.sums_col_sq) for p, mat in touched]
-        )
+        self._reduce_data_parallel()
+        self._sketch_full_grads()
+        nonfinite, col_sums = self._complete_sketches()
         for group in self.param_groups:
             for p in group["params"]:
                 if id(p) in self._matrices:
@@ -317,16 +371,113 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
                 if pend is not None:
                     self._pending[p] = pend
         self._prepared = True
+        self._touched.clear()  # consumed: a step without optimizer.zero_grad() must not see it again
+        self._reset_completion()
 
     def _sketch_full_grads(self) -> None:
-        """``sketch_in_backward=False``: sketch this step's full gradients now (GaLore-style)."""
-        for p in self._params():
-            if id(p) in self._matrices:
-                self._touched.discard(id(p))
-                if p.grad is not None:
-                    self._sketches.pop(id(p), None)
-                    self.state[p].pop("range", None)
-                    self._accumulate(p, p.grad)
+        """Sketch the full gradients kept through backward (GaLore-style): all of them with
+        ``sketch_in_backward=False``, those DDP averaged (mode ``"grad"``, choice 12) otherwise."""
+        for p in self.lowrank_params():
+            if self.sketch_in_backward and self._dp_mode[id(p)] != "grad":
+                continue
+            if self._dp_mode[id(p)] == "grad":
+                self._warn_once(
+                    "ddp_grad",
+                    "LoGRA under DDP that reduces its low-rank matrices: their full gradients are kept and "
+                    "all-reduced (correct, but no gradient-memory or communication saving). Use "
+                    "`Trainer(strategy='logra_ddp')` (logra_lightning.optim.LoGRADDPStrategy): it keeps them out of "
+                    "DDP and LoGRA all-reduces their low-rank sketches instead",
+                )
+            if id(p) in self._completed:
+                continue
+            self._touched.discard(id(p))
+            if p.grad is not None:
+                self._sketches.pop(id(p), None)
+                self.state[p].pop("range", None)
+                self._accumulate(p, p.grad)
+
+    def _complete_sketches(self) -> tuple[set[int], dict[int, torch.Tensor]]:
+        """Complete FSDP2's partial sketches and find non-finite ones, once per sketch and step."""
+        todo = [
+            (id(p), self._sketches[id(p)], mat.shard, mat.side == "left", mat.sums_col_sq)
+            for p, mat in ((p, self._matrices[id(p)]) for p in self.lowrank_params())
+            if id(p) in self._touched and id(p) not in self._completed
+        ]
+        nonfinite, col_sums = sh.complete_sketches(todo)
+        self._completed.update(key for key, *_ in todo)
+        self._nonfinite |= nonfinite
+        self._col_sums.update(col_sums)
+        return self._nonfinite, self._col_sums
+
+    def _reduce_data_parallel(self) -> None:
+        """Average this step's sketches (and range sketches) of mode-``"sketch"`` params over the replicas.
+
+        One flat all-reduce per step (choice 12). Every rank contributes every such param in the same
+        order: a zero sketch where it had no gradient, and a touched flag, so a matrix that got a
+        gradient on any replica steps on all of them. With ``sketch_in_backward=False`` the full
+        gradients are averaged instead.
+        """
+        if self._dp_reduced:
+            return
+        self._dp_reduced = True
+        self._check_data_parallel_modes()
+        members = [p for p in self.lowrank_params() if self._dp_mode[id(p)] == "sketch"]
+        if not members:
+            return
+        flags = torch.zeros(len(members), device=members[0].device)  # [P]: had a gradient here
+        tensors = [flags]
+        for i, p in enumerate(members):
+            if not self.sketch_in_backward:
+                flags[i] = float(p.grad is not None)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                tensors.append(p.grad)
+                continue
+            mat, group, st = self._matrices[id(p)], self._group_of[id(p)], self.state[p]
+            flags[i] = float(id(p) in self._touched)
+            if id(p) not in self._sketches:
+                self._sketches[id(p)] = torch.zeros(mat.sketch_shape(), device=p.device)
+            tensors.append(self._sketches[id(p)])
+            if group["refresh"] == "randomized" and mat.refresh_due(st, group["update_proj_gap"]):
+                if "range" not in st:
+                    st["range"] = torch.zeros(mat.range_shape(group["oversample"]), device=p.device)
+                tensors.append(st["range"])
+        self.data_parallel_bytes += dp.all_reduce_mean_(tensors)
+        for p, flag in zip(members, flags.tolist()):
+            if flag > 0:
+                self._touched.add(id(p))
+                continue
+            self._touched.discard(id(p))  # no replica had a gradient: no step, like one process
+            self._sketches.pop(id(p), None)
+            self.state[p].pop("range", None)
+            if not self.sketch_in_backward:
+                p.grad = None
+
+    def _check_data_parallel_modes(self) -> None:
+        """Once: the modes still match the process group and DDP marks (a mismatch would let replicas drift)."""
+        if self._modes_checked:
+            return
+        self._modes_checked = True
+        for name, p in zip(self._names(), self._params()):
+            mat = self._matrices.get(id(p))
+            if mat is not None and dp.reduce_mode(p, mat.shard) != self._dp_mode[id(p)]:
+                raise RuntimeError(
+                    f"LoGRA: {name!r} was set up for data-parallel mode {self._dp_mode[id(p)]!r} but is now in "
+                    f"{dp.reduce_mode(p, mat.shard)!r}: build LoGRA after torch.distributed.init_process_group, and "
+                    "call opt.setup_data_parallel() after keep_out_of_ddp() (LoGRADDPStrategy does both)"
+                )
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip this step's gradients by their global L2 norm, low-rank sketches included (choice 13).
+
+        The norm covers what the optimizer holds after backward: the sketch of each low-rank matrix
+        (the norm of its gradient projected onto the basis, ``||G Q|| <= ||G||``) and the gradient
+        of every other param. Both are scaled by ``min(1, max_norm / (norm + 1e-6))``, as
+        ``torch.nn.utils.clip_grad_norm_`` does. Under DDP and FSDP2 the norm is the global one,
+        the same on every rank (a collective). Returns the norm before clipping.
+        """
+        return clipping.clip_grad_norm_(self._params(), max_norm, norm_type, error_if_nonfinite)
 
     def _next_basis(self, p: torch.Tensor, group: dict, st: dict) -> torch.Tensor | None:
         """The refreshed basis (this rank's rows of it when sharded), or ``None`` to keep the old one."""
@@ -404,9 +555,18 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             raise ValueError(f"Invalid step scale: {eta} (must be finite and >= 0)")
         self._step_scale = eta
 
+    # GradScaler then hands this optimizer its scale instead of unscaling .grad itself (choice 11)
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
         """Run ``closure`` (backward inside), prepare if needed, apply ``eta * Δ``, reset ``eta`` to 1."""
+        if getattr(self, "found_inf", None) is not None:  # set by torch.amp.GradScaler.step
+            raise ValueError(
+                "LoGRA cannot step under fp16 loss scaling (torch.amp.GradScaler; Lightning precision='16-mixed'): "
+                "the scaler unscales and checks .grad only, while LoGRA holds its matrices' gradients as sketches. "
+                "Use precision='bf16-mixed' or 'bf16-true' (no loss scaling needed)"
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -438,3 +598,4 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         self._pending.clear()
         self._prepared = False
         self._perturb_total = 0.0
+        self._clip_norm = None

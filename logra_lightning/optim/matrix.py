@@ -116,6 +116,16 @@ class LowRankMatrix:
         """The basis spans the sketched side: the identity, nothing to refresh."""
         return self.rank == self.shape[1 if self.side == "right" else 0]
 
+    def sketch_shape(self) -> tuple[int, int]:
+        """Shape of a whole matrix's gradient sketch: ``[m, r]`` (right) or ``[r, n]`` (left)."""
+        m, n = self.shape
+        return (m, self.rank) if self.side == "right" else (self.rank, n)
+
+    def range_shape(self, oversample: int) -> tuple[int, int]:
+        """Shape of a whole matrix's range sketch: ``[n, r + p]`` (right) or ``[m, r + p]`` (left)."""
+        m, n = self.shape
+        return (n if self.side == "right" else m, self.rank + oversample)
+
     def refresh_due(self, st: dict, update_proj_gap: int) -> bool:
         """Whether this step (completed steps ``st["step"]``) picks a new basis."""
         return not self.full_rank and int(st["step"]) % update_proj_gap == 0

@@ -40,7 +40,8 @@ Logged metrics:
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
     ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``completion/length_mean``,
     ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
-    ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts).
+    ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts), ``grad/norm`` (with
+    ``gradient_clip_norm``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from logra_lightning.errors import ConfigError
 from logra_lightning.kl.probe import KLProbe
 from logra_lightning.models import load_policy, load_tokenizer
 from logra_lightning.models.lora import LoRA
+from logra_lightning.optim.clipping import clip_grad_norm_
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.rewards import ExactMatchReward
 from logra_lightning.rl.evaluation import HeldOutEvaluation
@@ -123,6 +125,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             seed at setup, i.e. ``seed_everything``'s). Saved in checkpoints.
         adapter: train LoRA factors instead of the weights (:class:`~logra_lightning.models.LoRA`);
             the optimizer then gets only the factors, and the engine, syncs and exports see the merged weights.
+        gradient_clip_norm: clip each step's gradients to this global L2 norm (``None``: off); with LoGRA
+            the norm covers its sketches (:mod:`~logra_lightning.optim.clipping`). Logs ``grad/norm``
+            (before clipping). Lightning's ``trainer.gradient_clip_val`` does not apply to manual optimization.
 
     Raises:
         ConfigError: an argument out of range (names the key and the allowed range); in
@@ -169,6 +174,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         sampling_seed: int | None = None,
         tis_cap: float | None = None,
         adapter: LoRA | None = None,
+        gradient_clip_norm: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
@@ -347,6 +353,11 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         """
         opt = self.optimizers()
         if all_ranks_agree(self._trainer, finite and grads_finite(opt)):
+            if self.hparams.gradient_clip_norm is not None:  # the global norm, LoGRA's sketches included
+                norm = clip_grad_norm_(
+                    [p for g in opt.param_groups for p in g["params"]], self.hparams.gradient_clip_norm
+                )
+                self.log("grad/norm", float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
             opt.step()
             self.faults.stepped()
             if self.lr_schedulers() is not None:

@@ -25,6 +25,12 @@ Choices:
 4. ``kv_cache_space_gb`` sizes the KV cache on CPU (vLLM's ``kv_cache_memory_bytes``,
    the engine-argument form of ``VLLM_CPU_KVCACHE_SPACE``, which, when set in the
    environment, still wins); on GPU the cache is sized by ``gpu_memory_utilization``.
+5. **oneDNN's kernel cache is bounded at 64 on CPU.** vLLM's CPU backend JIT-compiles a oneDNN
+   matmul per batch-token count and weight shape and keeps it in oneDNN's process-wide cache
+   (1,024 entries by default, ~0.45 MB each); RL batches of ever new sizes grew the engine worker by
+   ~470 MB over 300 steps of the demo before that cache filled (``benchmarks/soak.py``). The engine
+   processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` (unless it is set): flat after ~50
+   steps, generation as fast within the noise.
 
 Example::
 
@@ -41,6 +47,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -52,6 +59,19 @@ from logra_lightning.sync.wire import pack_payload, tensor_nbytes
 
 WORKER_EXTENSION = "logra_lightning.rollout.vllm_worker.LowRankWorkerExtension"
 GiB = 1 << 30
+ONEDNN_CACHE_CAPACITY = "64"  # choice 5
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` (those not set already) while vLLM starts its processes, which inherit them."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 class VLLMEngine:
@@ -125,7 +145,9 @@ class VLLMEngine:
         kwargs.update(opts.engine_kwargs)
         self.options = {k: v for k, v in kwargs.items() if k not in ("model", "worker_extension_cls")}
         try:
-            with quiet_loggers("vllm.renderers.base"):  # its chat-template warm-up needs the tokenizer we skip
+            spawn_env = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": ONEDNN_CACHE_CAPACITY} if current_platform.is_cpu() else {}
+            # quiet: its chat-template warm-up needs the tokenizer we skip
+            with quiet_loggers("vllm.renderers.base"), _environment(spawn_env):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise RuntimeError(

@@ -1,0 +1,276 @@
+"""Bytes all-reduced per step and gradient memory under DDP: LoGRA's sketch all-reduce vs dense DDP.
+
+Run (2 gloo processes on the CPU; a few minutes):
+
+    .venv/bin/python benchmarks/ddp_comm.py                    # ~25M Qwen2 shape, rank 64
+    .venv/bin/python benchmarks/ddp_comm.py --size quick --steps 2 --out benchmarks/results/ddp_comm_quick.json
+
+Rows, each a fresh pair of processes training the same model on halves of the same batches:
+
+* ``adamw_ddp``: AdamW under DDP (every gradient in DDP's buckets);
+* ``logra_plain_ddp``: LoGRA under plain DDP (what ``Trainer(strategy="ddp")`` gives: full
+  gradients kept for DDP, sketched in the step; mode ``"grad"``);
+* ``logra_sketch_allreduce``: LoGRA with its matrices kept out of DDP (``strategy="logra_ddp"``):
+  DDP reduces the dense-group params, LoGRA all-reduces the sketches (mode ``"sketch"``).
+
+Measured per row: the bytes DDP all-reduces per step (a counting comm hook on every bucket),
+the bytes LoGRA all-reduces (``LoGRA.data_parallel_bytes``) on the refresh step (step 0: range
+sketches too) and on a plain step, their average over a refresh period (``update_proj_gap``),
+DDP's bucket memory (the fp32 copy of every gradient it reduces), the peak RSS of rank 0, and
+whether the two replicas ended bit-identical. For real model shapes the same per-step bytes are
+computed from the shapes (``projected``; the measured rows check the formula).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import RESULTS, load_average, machine_info, proc_memory, shape_config, write_result  # noqa: E402
+from benchmarks.report import Report, load_text, num, table  # noqa: E402
+
+ROWS = ("adamw_ddp", "logra_plain_ddp", "logra_sketch_allreduce")
+RANK, GAP, OVERSAMPLE = 64, 200, 8
+SEQ, PER_RANK = 64, 2
+PROJECTED = ("qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b")
+
+
+def build(size: str) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(**shape_config(size))).float()
+
+
+def _worker(rank: int, row: str, size: str, steps: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/store_{row}", rank=rank, world_size=2)
+    try:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from logra_lightning.optim import LoGRA, keep_out_of_ddp, logra_param_groups
+
+        model = build(size)
+        vocab = model.config.vocab_size
+        if row == "adamw_ddp":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        else:
+            opt = LoGRA(logra_param_groups(model, rank=RANK, update_proj_gap=GAP), lr=1e-5, oversample=OVERSAMPLE)
+            if row == "logra_sketch_allreduce":
+                keep_out_of_ddp(model, opt.lowrank_params())
+                opt.setup_data_parallel()
+        ddp = DDP(model)
+        per_step: list[int] = []
+        counted = [0]
+
+        def counting_hook(state, bucket):
+            counted[0] += bucket.buffer().numel() * bucket.buffer().element_size()
+            fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+
+        ddp.register_comm_hook(None, counting_hook)
+        logra_bytes: list[int] = []
+        for step in range(steps):
+            g = torch.Generator().manual_seed(step)
+            ids = torch.randint(0, vocab, (2 * PER_RANK, SEQ), generator=g)[rank * PER_RANK : (rank + 1) * PER_RANK]
+            before_ddp, before_logra = counted[0], getattr(opt, "data_parallel_bytes", 0)
+            ddp(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            per_step.append(counted[0] - before_ddp)
+            logra_bytes.append(getattr(opt, "data_parallel_bytes", 0) - before_logra)
+        info = ddp._get_ddp_logging_data()
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        digest = float(sum(p.double().sum() for p in params.values()))
+        record = {
+            "ddp_bytes_per_step": per_step,
+            "logra_bytes_per_step": logra_bytes,
+            "ddp_bucket_bytes": int(info.get("total_parameter_size_bytes", 0)),
+            "peak_rss_bytes": proc_memory()["VmHWM"],
+            "digest": digest,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
+        torch.save(params, f"{out}/{row}_rank{rank}.pt")
+        Path(f"{out}/{row}_rank{rank}.json").write_text(json.dumps(record))
+    finally:
+        dist.destroy_process_group()
+
+
+def projected_bytes(shapes: dict[str, tuple[int, ...]], rank: int, gap: int, oversample: int) -> dict[str, float]:
+    """fp32 bytes per step under dense DDP and with LoGRA's sketch all-reduce (refresh averaged over ``gap``).
+
+    A matrix ``[m, n]`` is right-sketched (``[m, r]``, range ``[n, r + p]``) when ``m <= n`` and
+    left-sketched (``[r, n]``, range ``[m, r + p]``) otherwise; embeddings are forced right. Every
+    other param is reduced densely by DDP in both.
+    """
+    dense = sketch = rng = other = 0
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        dense += numel
+        if len(shape) != 2:
+            other += numel
+            continue
+        m, n = shape
+        right = m <= n or "embed" in name
+        sketch += (m if right else n) * rank + 1  # + the matrix's "had a gradient" flag
+        rng += (n if right else m) * (rank + oversample)
+    return {
+        "dense_ddp": 4.0 * dense,
+        "logra_plain_step": 4.0 * (sketch + other),
+        "logra_per_step_avg": 4.0 * (sketch + other + rng / gap),
+    }
+
+
+def _shapes_of(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def _real_shapes(name: str) -> dict[str, tuple[int, ...]]:
+    from logra_lightning.config.checks import matrix_shapes
+
+    cfg = json.loads(
+        (Path(__file__).resolve().parents[1] / "logra_lightning/models/shapes" / f"{name}.json").read_text()
+    )
+    shapes = dict(matrix_shapes(cfg))
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    shapes["model.norm.weight"] = (h,)
+    for i in range(layers):  # norms and Qwen2's q/k/v biases: dense everywhere
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = (h,)
+        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
+        if cfg.get("model_type") == "qwen2":
+            for proj, width in (("q", cfg["num_attention_heads"] * hd), ("k", kv * hd), ("v", kv * hd)):
+                shapes[f"model.layers.{i}.self_attn.{proj}_proj.bias"] = (width,)
+    return shapes
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="25m", help="benchmarks/configs/qwen2-<size>.json")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default=str(RESULTS / "ddp_comm.json"))
+    ap.add_argument("--work-dir", default=None)
+    args = ap.parse_args(argv)
+    work = Path(args.work_dir or f"/tmp/ddp_comm_{os.getpid()}")
+    work.mkdir(parents=True, exist_ok=True)
+    started, load_start = time.time(), load_average()
+    rows = {}
+    for row in ROWS:
+        mp.spawn(_worker, args=(row, args.size, args.steps, str(work)), nprocs=2, join=True)
+        ranks = [json.loads((work / f"{row}_rank{r}.json").read_text()) for r in range(2)]
+        weights = [torch.load(work / f"{row}_rank{r}.pt", weights_only=True) for r in range(2)]
+        identical = all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])
+        r0 = ranks[0]
+        refresh = r0["ddp_bytes_per_step"][0] + r0["logra_bytes_per_step"][0]
+        plain = r0["ddp_bytes_per_step"][-1] + r0["logra_bytes_per_step"][-1]
+        rows[row] = {
+            **r0,
+            "replicas_identical": identical,
+            "refresh_step_bytes": refresh,
+            "plain_step_bytes": plain,
+            "per_step_avg_bytes": plain + (refresh - plain) / GAP,
+        }
+        print(row, json.dumps({k: v for k, v in rows[row].items() if k != "digest"}), flush=True)
+    model = build(args.size)
+    formula = projected_bytes(_shapes_of(model), RANK, GAP, OVERSAMPLE)
+    projected = {name: projected_bytes(_real_shapes(name), RANK, GAP, OVERSAMPLE) for name in PROJECTED}
+    result = {
+        "command": " ".join(["python", "benchmarks/ddp_comm.py", *(argv if argv is not None else sys.argv[1:])]),
+        "seconds": round(time.time() - started, 1),
+        "load_start": load_start,
+        "load_end": load_average(),
+        "machine": machine_info(),
+        "settings": {
+            "size": args.size,
+            "params": rows[ROWS[0]]["params"],
+            "rank": RANK,
+            "update_proj_gap": GAP,
+            "oversample": OVERSAMPLE,
+            "steps": args.steps,
+            "world": 2,
+            "batch_per_rank": [PER_RANK, SEQ],
+        },
+        "rows": rows,
+        "formula_for_measured_model": formula,
+        "projected": projected,
+    }
+    write_result(Path(args.out), result)
+    return result
+
+
+def section(res: dict) -> tuple[list[str], dict]:
+    st, rows = res["settings"], res["rows"]
+    dense = rows["adamw_ddp"]["per_step_avg_bytes"]
+    out = [
+        f"Command: `{res['command']}` — {res['seconds']:.0f} s, load {load_text(res.get('load_start'))}; "
+        f"~{st['size']} Qwen2 shape ({st['params'] / 1e6:.1f}M params), 2 gloo processes, LoGRA rank {st['rank']}, "
+        f"update_proj_gap {st['update_proj_gap']}, oversample {st['oversample']}.",
+        "",
+    ]
+    body = [
+        [
+            name,
+            num(r["plain_step_bytes"] / 1e6),
+            num(r["refresh_step_bytes"] / 1e6),
+            num(r["per_step_avg_bytes"] / 1e6),
+            f"{r['per_step_avg_bytes'] / dense:.3f}",
+            num(r["ddp_bucket_bytes"] / 1e6),
+            num(r["peak_rss_bytes"] / 1e6, ".0f"),
+            "yes" if r["replicas_identical"] else "**no**",
+        ]
+        for name, r in rows.items()
+    ]
+    out += table(
+        [
+            "row",
+            "MB/step",
+            "MB on a refresh step",
+            "MB/step (avg over gap)",
+            "× dense DDP",
+            "DDP bucket MB",
+            "peak RSS MB (rank 0)",
+            "replicas identical",
+        ],
+        body,
+    )
+    proj = [
+        [
+            name,
+            num(p["dense_ddp"] / 1e9),
+            num(p["logra_per_step_avg"] / 1e9),
+            f"{p['logra_per_step_avg'] / p['dense_ddp']:.3f}",
+        ]
+        for name, p in res["projected"].items()
+    ]
+    out += ["", "Computed from the shapes (same formula as the measured rows), fp32, per step:", ""]
+    out += table(["model", "dense DDP GB", "LoGRA sketch all-reduce GB", "ratio"], proj) + [""]
+    ratio = rows["logra_sketch_allreduce"]["per_step_avg_bytes"] / dense
+    return out, {"ratio": ratio, "size": st["size"], "rank": st["rank"]}
+
+
+def headline(found: dict) -> list[str]:
+    f = found.get("ddp_comm")
+    if not f:
+        return []
+    return [
+        f'- DDP with LoGRA (`strategy="logra_ddp"`), ~{f["size"]}, rank {f["rank"]}: **{f["ratio"]:.3f}×** the bytes '
+        "all-reduced per step of dense DDP, replicas bit-identical ([table](#ddp-bytes-all-reduced-per-step))."
+    ]
+
+
+REPORTS = {"ddp_comm": Report("DDP: bytes all-reduced per step", section, None, headline)}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Gradient clipping over what LoGRA holds, and the torch entry points that reach it.
+
+After backward a LoGRA low-rank matrix has no ``.grad`` (its hook sketched and freed it), so
+``torch.nn.utils.clip_grad_norm_`` on its own would clip the dense params only and leave the
+matrices unclipped, without a word. Here the global norm covers, for the params passed:
+
+* the sketch ``S`` of each low-rank matrix: ``||S|| = ||G Q||`` (right) or ``||P.T G||`` (left),
+  the norm of the gradient's projection onto the basis, ``<= ||G||`` (equal at full rank);
+* the ``.grad`` of every other param (and of a low-rank one whose full gradient is kept:
+  ``sketch_in_backward=False``, or plain DDP).
+
+Everything is scaled by ``min(1, max_norm / (norm + 1e-6))`` like torch does; the norm is the
+global one under DDP (sketches are averaged across replicas first) and FSDP2 (row shards summed),
+so every rank clips by the same factor.
+
+Entry points: :meth:`LoGRA.clip_grad_norm_ <logra_lightning.optim.LoGRA.clip_grad_norm_>`, and,
+once a LoGRA exists, ``torch.nn.utils.clip_grad_norm_`` itself (what Lightning's
+``gradient_clip_val`` with ``gradient_clip_algorithm="norm"`` calls, and what user code calls):
+:func:`install` routes calls whose params include LoGRA low-rank matrices here and leaves every
+other call to torch. ``torch.nn.utils.clip_grad_value_`` on such matrices raises: there is no
+gradient element left to clip (Lightning's ``gradient_clip_algorithm="value"``). A function
+imported by name before the first LoGRA was built (``from torch.nn.utils import clip_grad_norm_``)
+keeps torch's version; call ``opt.clip_grad_norm_(max_norm)`` there.
+
+Example::
+
+    >>> import torch
+    >>> from logra_lightning.optim import LoGRA, logra_param_groups
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 8))
+    >>> opt = LoGRA(logra_param_groups(model, rank=4), lr=1e-3)
+    >>> model(torch.randn(8, 16)).pow(2).sum().backward()
+    >>> norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)  # sketches included
+    >>> bool(clip_grad_norm_(model.parameters(), float("inf")) <= 1.01e-3)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_OWNERS: weakref.WeakSet = weakref.WeakSet()  # live LoGRA optimizers
+_TORCH_NORM = torch.nn.utils.clip_grad.clip_grad_norm_
+_TORCH_VALUE = torch.nn.utils.clip_grad.clip_grad_value_
+
+
+def register(optimizer: Any) -> None:
+    """Route clipping of ``optimizer``'s low-rank params here (called by ``LoGRA.__init__``)."""
+    _OWNERS.add(optimizer)
+    install()
+
+
+def install() -> None:
+    """Point ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` at this module's versions (idempotent)."""
+    for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
+        mod.clip_grad_norm_ = clip_grad_norm_
+        mod.clip_grad_value_ = clip_grad_value_
+
+
+def _owners(params: list[torch.Tensor]) -> list[Any]:
+    ids = {id(p) for p in params}
+    return [opt for opt in list(_OWNERS) if any(pid in ids for pid in opt._matrices)]
+
+
+def _sketched(opt: Any, p: torch.Tensor) -> bool:
+    """Whether ``p``'s gradient is sketched in backward (no ``.grad`` to clip elementwise)."""
+    return id(p) in opt._matrices and opt.sketch_in_backward and opt._dp_mode.get(id(p)) != "grad"
+
+
+def _dense_norm_sq(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Squared L2 norm of ``grads`` (plain tensors and DTensors), global over shards, fp32."""
+    total = torch.zeros((), dtype=torch.float32)
+    plain = [g for g in grads if not hasattr(g, "full_tensor")]
+    if plain:
+        total = total + torch.nn.utils.get_total_norm(plain, 2.0).float().cpu() ** 2
+    dtensors = [g for g in grads if hasattr(g, "full_tensor")]
+    if dtensors:
+        norm = torch.nn.utils.get_total_norm(dtensors, 2.0)
+        total = total + norm.full_tensor().float().cpu() ** 2
+    return total
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    parameters: torch.Tensor | Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float | str = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` that also covers LoGRA's sketches (see the module docstring).
+
+    Calls whose params hold no LoGRA low-rank matrix go to torch unchanged.
+
+    Raises:
+        ValueError: ``norm_type`` other than 2 with LoGRA matrices (a sketch has the L2 norm of the
+            projected gradient; other norms are not preserved by the projection).
+        RuntimeError: ``error_if_nonfinite`` and the norm is NaN or inf (as torch).
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    owners = _owners(params)
+    if not owners:
+        return _TORCH_NORM(params, max_norm, norm_type, error_if_nonfinite, foreach)
+    for opt in owners:
+        if opt._prepared:  # the update was computed from this step's gradients already
+            if opt._clip_norm is None:
+                raise RuntimeError(
+                    "clip_grad_norm_ after LoGRA prepared its update (prepare_update(), e.g. by a step-control "
+                    "callback) would not change the step: clip before prepare_update(). KLStepControl does that "
+                    "itself when Trainer(gradient_clip_val=...) is set"
+                )
+            return opt._clip_norm  # clipped before the update was prepared (KLStepControl): nothing left to do
+    if float(norm_type) != 2.0:
+        raise ValueError(
+            f"clip_grad_norm_(norm_type={norm_type!r}) with LoGRA low-rank params: only norm_type=2 is supported "
+            "(LoGRA holds each matrix's gradient as a sketch, which keeps the L2 norm of the projected gradient)"
+        )
+    sketches: list[torch.Tensor] = []
+    sharded: dict[Any, list[torch.Tensor]] = {}  # shard group -> right sketches holding this rank's rows
+    keyed: list[tuple[Any, int]] = []
+    for opt in owners:
+        opt._reduce_data_parallel()  # DDP replicas: the averaged sketches (and full gradients)
+        opt._complete_sketches()  # FSDP2: whole left sketches
+        for p in params:
+            s = opt._sketches.get(id(p))
+            if s is None or not _sketched(opt, p):
+                continue
+            shard = opt._matrices[id(p)].shard
+            if shard is not None and opt._matrices[id(p)].side == "right":
+                sharded.setdefault(shard.group, []).append(s)
+            else:
+                sketches.append(s)
+            keyed.append((opt, id(p)))
+    grads = [p.grad for p in params if p.grad is not None]
+    sq = _dense_norm_sq(grads)
+    for s in sketches:
+        sq = sq + s.float().square().sum().cpu()
+    for group, members in sharded.items():
+        part = torch.stack([s.float().square().sum() for s in members]).sum()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(part, group=group)
+        sq = sq + part.cpu()
+    total = sq.sqrt()
+    if error_if_nonfinite and not math.isfinite(float(total)):
+        raise RuntimeError(
+            f"The total norm of order 2.0 for gradients and LoGRA sketches is non-finite ({float(total)}), so "
+            "it cannot be clipped. To disable this error and scale the gradients by the non-finite norm anyway, "
+            "set `error_if_nonfinite=False`"
+        )
+    coef = min(1.0, float(max_norm) / (float(total) + 1e-6))
+    for g in grads:
+        g.mul_(coef)
+    for s in [*sketches, *(s for members in sharded.values() for s in members)]:
+        s.mul_(coef)
+    for opt, key in keyed:  # FSDP2 factored second moment: column sums of S*S, completed with the sketch
+        if key in opt._col_sums:
+            opt._col_sums[key].mul_(coef * coef)
+    for opt in owners:
+        opt._clip_norm = total
+    return total
+
+
+@torch.no_grad()
+def clip_grad_value_(
+    parameters: torch.Tensor | Iterable[torch.Tensor], clip_value: float, foreach: bool | None = None
+) -> None:
+    """``torch.nn.utils.clip_grad_value_``, refused for LoGRA matrices whose gradients were sketched away.
+
+    Raises:
+        ValueError: a param is a LoGRA low-rank matrix sketched in backward (names the fix).
+    """
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    for opt in _owners(params):
+        if any(_sketched(opt, p) for p in params):
+            raise ValueError(
+                f"clip_grad_value_(clip_value={clip_value}) (Lightning: gradient_clip_algorithm='value') cannot "
+                "clip LoGRA's low-rank matrices: their gradients are sketched and freed in backward, so no gradient "
+                "element is left to clip. Use norm clipping (gradient_clip_algorithm='norm', the default, or "
+                "optimizer.clip_grad_norm_), or LoGRA(sketch_in_backward=False) to keep full gradients"
+            )
+    return _TORCH_VALUE(params, clip_value, foreach)
