@@ -38,7 +38,8 @@ behaviour for each is tabulated in :mod:`logra_lightning.rl.faults`. Held-out ev
 Logged metrics:
     ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
-    ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``completion/length_mean``,
+    ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``rollout/policy_lag``
+    (with ``off_policy_steps``: syncs between the sampling weights and the trained ones), ``completion/length_mean``,
     ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
     ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts).
 """
@@ -278,6 +279,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             if lag is not None:
                 self.log("rollout/policy_lag", float(lag), batch_size=len(prompts))
         else:
+            lag = 0
             with announce_phase(self, "rollout"):
                 rollout = self._generate(prompt_ids, G)
         unusable = degenerate_rollout(rollout)
@@ -289,6 +291,8 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             [p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)]
         )
         traj = self._trajectory([p for p in prompt_ids for _ in range(G)], rollout, rewards)
+        if lag != 0:  # the engine's logprobs are of older weights: their gap to the trainer's is lag, not sync drift
+            self.engine_logprob_gap = None
 
         stats: dict[str, float] = {}
         for epoch in range(hp.ppo_epochs):

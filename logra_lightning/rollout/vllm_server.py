@@ -79,6 +79,7 @@ class PendingRollout:
     n: int
     sampling: SamplingConfig
     version: str
+    epoch: int
     future: Future
 
 
@@ -228,7 +229,7 @@ class VLLMServerEngine:
         prompts = [list(p) for p in prompt_ids]
         version = self._version()
         future = self._runner.submit(self._rollout, prompts, n, sampling, version)
-        return PendingRollout(prompts, n, sampling, version, future)
+        return PendingRollout(prompts, n, sampling, version, self.sync_epoch, future)
 
     def wait(self, pending: PendingRollout) -> Rollout:
         """The submitted rollout; after a server fault, recover (fault 2) and generate it again."""
@@ -238,7 +239,8 @@ class VLLMServerEngine:
             except (ServerUnreachable, ServerError, StaleWeights) as e:
                 if attempt == 2 or (isinstance(e, ServerError) and e.status < 500 and self.client.healthy()):
                     raise
-                self.recover(e)
+                if pending.epoch == self.sync_epoch:  # not yet recovered since it was submitted (a sync may have)
+                    self.recover(e)
                 pending = self.submit(pending.prompt_ids, pending.n, pending.sampling)
         raise AssertionError("unreachable")
 
@@ -281,14 +283,17 @@ class VLLMServerEngine:
                 logprobs.append(lps)
                 texts.append(tok.decode(ids, skip_special_tokens=True))
                 finished.append(bool(ids) and ids[-1] == tok.eos_token_id)
-        if versions - {version}:
+        ours = sorted(int(c) for s, _, c in (v.partition(":") for v in versions) if s == self.session and c.isdigit())
+        if len(ours) != len(versions):
             raise StaleWeights(
-                f"the vLLM server at {self.url} sampled with weight version(s) {sorted(versions)}, not {version} "
-                "(the one last synced): it restarted or another client changed it"
+                f"the vLLM server at {self.url} sampled with weight version(s) {sorted(versions)}, none of which this "
+                f"trainer sent (last: {version}): it restarted, or another client changed its weights"
             )
-        rollout = Rollout([list(p) for p in prompt_ids], completions, logprobs, texts, finished, n=n)
-        rollout.policy_version = version
-        return rollout
+        # Requests that reached the server after a later sync ran on those newer weights: the oldest version counts.
+        oldest = f"{self.session}:{ours[0]}" if ours else version
+        return Rollout(
+            [list(p) for p in prompt_ids], completions, logprobs, texts, finished, n=n, policy_version=oldest
+        )
 
     # ------------------------------------------------------------- weight updates
     def load_weights(self, named_tensors) -> None:
