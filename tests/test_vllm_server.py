@@ -79,6 +79,11 @@ def test_spec_checks_its_options():
     with pytest.raises(ValueError, match="Invalid transfer_backend: 'tcp'"):
         VLLMServerEngineSpec(transfer_backend="tcp")
     assert serve.server_args(["--logprobs-mode", "raw_logprobs"], cpu=False).count("--logprobs-mode") == 1
+    if not torch.cuda.is_available():
+        from logra_lightning.rollout.vllm_sender import LowRankSender
+
+        with pytest.raises(ValueError, match="transfer_backend='nccl' .* no GPU: set .*'gloo'"):
+            LowRankSender(client=None, backend="nccl")
 
 
 def test_unreachable_server_is_one_error_naming_the_url():

@@ -109,7 +109,7 @@ class LowRankSender:
         timeout_s: how long one rendezvous or one message may take.
 
     Raises:
-        ValueError: an unknown backend.
+        ValueError: an unknown backend, or ``"nccl"`` without a GPU.
     """
 
     def __init__(
@@ -124,6 +124,11 @@ class LowRankSender:
     ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"Invalid backend: {backend!r} (allowed: 'gloo', 'nccl')")
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise ValueError(
+                "transfer_backend='nccl' sends GPU tensors, but this process has no GPU: set "
+                "model.engine.init_args.transfer_backend to 'gloo' (or 'auto')"
+            )
         self.client, self.workers, self.backend = client, workers, backend
         self.address, self.port, self.chunk_bytes, self.timeout_s = address, port, chunk_bytes, timeout_s
         self.channel: Channel | None = None
