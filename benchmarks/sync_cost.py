@@ -6,6 +6,7 @@ in its own process; about 12 min on 2 cores):
     .venv/bin/python benchmarks/sync_cost.py
     .venv/bin/python benchmarks/sync_cost.py --sizes 100m     # one size
     .venv/bin/python benchmarks/sync_cost.py --quick          # the tiny test model, rank 8 (~1 min)
+    .venv/bin/python benchmarks/sync_cost.py --sizes 400m --merge   # add one size to the results file
 
 Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings
 included, ``update_proj_gap`` small so that refreshes happen within the run) on random tokens;
@@ -20,15 +21,23 @@ per wire format:
   update, :func:`~logra_lightning.sync.wire.match_wire_rounding_`); ``bfloat16_unmatched``
   (the engine gets the rounded update, the trainer keeps its own).
 
-Reported per sync: bytes handed to the engine (tensor payload; ``payload_bytes`` adds
-safetensors framing), wall seconds (serialize + RPC + the worker applying it, which on vLLM's CPU
-backend includes rebuilding the repacked weights of every changed module), split by kind (with
+Reported per sync: bytes handed to the engine (tensor payload; ``payload_bytes`` is the message
+buffer, 64-byte aligned), wall seconds (vLLM's weight-transfer calls + the broadcast + the workers
+applying it, which on vLLM's CPU backend includes rebuilding the repacked weights of every changed
+module), split by kind (with
 bases / coefficients only); the average bytes per step over a refresh period of ``G`` steps (one
 sync with bases, ``G - 1`` with coefficients only) for ``G`` in ``GAPS``; and the drift: mean/max
 ``|engine - trainer|`` logprob of tokens the engine sampled, after 1, 2, 4, ... syncs, next to how
 far the policy moved in the run. Full syncs are timed for comparison. A size that fails is
 recorded with its error. Results go to ``benchmarks/results/sync_cost[_quick].json``
 (``headline_size``: the row the README headline quotes).
+
+Against the field's lossless sync, in the same run: ``sparse_delta_logra_bf16`` (the sparse bitwise
+bf16 delta of the same LoGRA steps, fp32 pass) and ``sparse_delta_adamw_bf16`` (AdamW from the same
+weights, same learning rate, steps, batches' shape), each with ``bytes_per_step`` (int32 indices +
+bf16 values of the changed bf16 weights; ``benchmarks/sparse_delta.py``), seconds and drift; then
+``coefficient_vs_sparse_adamw`` (LoGRA's bf16 coefficient sync over AdamW's sparse delta, target
+<= ``SPARSE_TARGET``) and ``sparse_delta_lr_sweep`` (a few steps of each at lower learning rates).
 
 Keys kept from the earlier schema: ``lowrank_sync`` (fp32, a sync with bases), ``full_sync``,
 ``bytes_ratio`` (``lowrank_sync`` / full), ``logprob_gap_after_lowrank_syncs`` (fp32 run),
@@ -49,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result  # noqa: E402
-from benchmarks.report import Report, clip, command_head, num, table  # noqa: E402
+from benchmarks.report import Report, clip, command_head, load_text, met, num, table  # noqa: E402
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
@@ -65,9 +74,23 @@ RUN = {
         seq=32,
         threads=2,
         lr=1e-3,
+        sweep_lrs=(1e-4, 1e-5, 1e-6),
+        sweep_steps=3,
     ),
-    "quick": dict(rank=8, steps={"tiny": 4}, update_proj_gap=3, full_syncs=2, batch=4, seq=16, threads=1, lr=1e-3),
+    "quick": dict(
+        rank=8,
+        steps={"tiny": 4},
+        update_proj_gap=3,
+        full_syncs=2,
+        batch=4,
+        seq=16,
+        threads=1,
+        lr=1e-3,
+        sweep_lrs=(1e-5,),
+        sweep_steps=2,
+    ),
 }
+SPARSE_TARGET = 0.5  # LoGRA's coefficient sync (bf16 wire) at most this share of AdamW's sparse delta per step
 QUICK_SIZE = "tiny"  # build_tiny_model: the test model and char tokenizer
 
 
@@ -135,10 +158,14 @@ def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(r[key] for r in rows) if rows else None
 
 
-def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g) -> dict:
-    """From a full sync, ``steps`` LoGRA steps each synced in ``wire`` format; bytes, seconds and drift."""
+def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g, sparse: bool = False) -> dict:
+    """From a full sync, ``steps`` LoGRA steps each synced in ``wire`` format; bytes, seconds and drift.
+
+    ``sparse``: also measure the sparse bf16 delta of each of these steps (``sparse_delta`` in the result).
+    """
     import torch
 
+    from benchmarks.sparse_delta import SparseDelta
     from logra_lightning.sync.wire import match_wire_rounding_, tensor_nbytes, wire_updates
 
     dtype_name, match = FORMATS[wire]
@@ -151,11 +178,15 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
     held: dict[str, str] = {}
     syncs, drifts = [], []
     checkpoints = {k for k in (1, 2, 4, 8, 16, 32) if k <= steps} | {steps}
+    delta = SparseDelta(params) if sparse else None
+    sparse_rows = []
     for k in range(1, steps + 1):
         ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
         policy(ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad()
+        if delta is not None:  # what the field's sparse sync would send for this LoGRA step
+            sparse_rows.append(delta.step(params))
         updates = [u for step in opt.pop_applied_updates() for u in step]
         t = time.perf_counter()
         if match:
@@ -205,7 +236,53 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
         "drift_max": max(d["max"] for d in drifts),
         "policy_moved": {"mean": moved[0], "max": moved[1]},
         "each": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in syncs],
+        "sparse_delta": sparse_rows or None,
     }
+
+
+def sparse_row(rows: list[dict], optimizer: str, lr: float) -> dict:
+    """A ``sparse_delta_*_bf16`` row: per-step bytes (median over the steps; int32 indices + bf16 values) etc."""
+    return {
+        "optimizer": optimizer,
+        "lr": lr,
+        "encoding": "int32 flat indices + bf16 values of the changed bf16 weights (6 bytes each)",
+        "syncs": len(rows),
+        "bytes_per_step": statistics.median(r["bytes"] for r in rows),
+        "bitmask_bytes_per_step": statistics.median(r["bitmask_bytes"] for r in rows),
+        "changed_fraction_median": statistics.median(r["changed_fraction"] for r in rows),
+        "seconds_median": statistics.median(r["seconds"] for r in rows),
+        "drift_max": max(r["drift_max"] for r in rows),
+        "each": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+    }
+
+
+def sparse_steps(path: str, optimizer: str, lr: float, steps: int, run: dict, seed: int = 0) -> list[dict]:
+    """``steps`` steps of AdamW or LoGRA from the model at ``path`` (fresh), each measured as a sparse bf16 sync."""
+    import torch
+
+    from benchmarks.sparse_delta import SparseDelta
+    from logra_lightning.models import load_policy
+    from logra_lightning.optim import LoGRA
+
+    policy, _ = load_policy(path)
+    params = dict(policy.named_parameters())
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.01)
+    else:
+        opt = LoGRA(
+            list(params.items()), lr=lr, weight_decay=0.01, rank=run["rank"], update_proj_gap=run["update_proj_gap"]
+        )
+    g = torch.Generator().manual_seed(seed)
+    vocab = policy.config.vocab_size
+    delta = SparseDelta(params)
+    rows = []
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
+        policy(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rows.append(delta.step(params))
+    return rows
 
 
 def measure(size: str, run: dict) -> dict:
@@ -248,8 +325,36 @@ def measure(size: str, run: dict) -> dict:
             }
         )
     gap_full = drift(engine, policy, prompts)
-    formats = {wire: run_format(engine, policy, opt, wire, run["steps"][size], run, prompts, g) for wire in FORMATS}
+    formats = {
+        wire: run_format(engine, policy, opt, wire, run["steps"][size], run, prompts, g, sparse=wire == "float32")
+        for wire in FORMATS
+    }
     engine.close()
+    params_count = sum(p.numel() for p in policy.parameters())
+    del opt, policy
+    # The field's sparse bf16 deltas: of the LoGRA steps above (fp32 pass) and of AdamW's at the same lr and steps,
+    # then a few steps of each at lower learning rates (only the sparse side: coefficient bytes do not depend on lr).
+    steps = run["steps"][size]
+    sparse_logra = sparse_row(formats["float32"].pop("sparse_delta"), "LoGRA", run["lr"])
+    sparse_adamw = sparse_row(sparse_steps(path, "adamw", run["lr"], steps, run), "AdamW", run["lr"])
+    sweep = []
+    for lr in run["sweep_lrs"]:
+        sweep.append(
+            {
+                "lr": lr,
+                "steps": run["sweep_steps"],
+                **{
+                    name: {
+                        k: v
+                        for k, v in sparse_row(sparse_steps(path, name, lr, run["sweep_steps"], run), name, lr).items()
+                        if k != "each"
+                    }
+                    for name in ("adamw", "logra")
+                },
+            }
+        )
+    for formats_row in formats.values():
+        formats_row.pop("sparse_delta", None)
     tmp.cleanup()
     full_bytes = full[-1]["bytes"]
     fp32, bf16 = formats["float32"], formats["bfloat16"]
@@ -261,9 +366,11 @@ def measure(size: str, run: dict) -> dict:
             str(G): (f["with_bases"]["bytes"] + (G - 1) * f["coefficients"]["bytes"]) / G / full_bytes for G in GAPS
         }
     fp32_gap = fp32["drift"][-1]
+    coef_bf16 = bf16["coefficients"]["bytes"]
+    per_step_bf16 = {G: (bf16["with_bases"]["bytes"] + (G - 1) * coef_bf16) / G for G in GAPS}
     return {
         "ok": True,
-        "params": sum(p.numel() for p in policy.parameters()),
+        "params": params_count,
         "rank": run["rank"],
         "engine": {
             "dtype": "float32",
@@ -294,6 +401,21 @@ def measure(size: str, run: dict) -> dict:
             "syncs": fp32_gap["syncs"],
         },
         "logprob_gap_after_full_sync": {"mean": gap_full[0], "max": gap_full[1]},
+        "sparse_delta_adamw_bf16": sparse_adamw,
+        "sparse_delta_logra_bf16": sparse_logra,
+        "coefficient_vs_sparse_adamw": {
+            "coefficient_bf16_bytes": coef_bf16,
+            "sparse_adamw_bytes_per_step": sparse_adamw["bytes_per_step"],
+            "ratio": coef_bf16 / sparse_adamw["bytes_per_step"] if sparse_adamw["bytes_per_step"] else None,
+            "ratio_to_bitmask": coef_bf16 / sparse_adamw["bitmask_bytes_per_step"]
+            if sparse_adamw["bitmask_bytes_per_step"]
+            else None,
+            "per_step_bf16_with_bases": {str(G): b for G, b in per_step_bf16.items()},
+            "target": SPARSE_TARGET,
+            "met": bool(sparse_adamw["bytes_per_step"] and coef_bf16 <= SPARSE_TARGET * sparse_adamw["bytes_per_step"]),
+            "bf16_full_bytes": params_count * 2,
+        },
+        "sparse_delta_lr_sweep": sweep,
     }
 
 
@@ -322,6 +444,16 @@ def section(res: dict) -> tuple[list[str], dict]:
         f"({', '.join(map(str, res['gaps']))}).",
         "",
     ]
+    if res.get("merged"):
+        out[0] += (
+            " Sizes measured by separate calls: "
+            + "; ".join(
+                f"{size}: `{r.get('command', '?')}`, {r.get('wall_seconds', 0):.0f} s, load at start "
+                f"{load_text(r.get('load_start'))}"
+                for size, r in res["sizes"].items()
+            )
+            + "."
+        )
     rows = []
     for size, r in res["sizes"].items():
         if not r["ok"]:
@@ -386,8 +518,96 @@ def section(res: dict) -> tuple[list[str], dict]:
                 ]
             )
     out += table(["size", "wire", "drift after N syncs (N: mean / max)", "moved", "coefficient sync s"], rows) + [""]
+    out += sparse_section(res)
     head = res["sizes"].get(res["headline_size"], {})
     return out, head if head.get("ok") else None
+
+
+def sparse_section(res: dict) -> list[str]:
+    """LoGRA's coefficient sync against the field's sparse bf16 deltas of AdamW's and LoGRA's steps."""
+    sized = {s: r for s, r in res["sizes"].items() if r.get("ok") and "sparse_delta_adamw_bf16" in r}
+    if not sized:
+        return []
+
+    def cell(row: dict) -> str:
+        return f"{row['bytes_per_step'] / 1e6:.2f} MB ({100 * row['changed_fraction_median']:.1f}% changed)"
+
+    out = [
+        "Against the field's lossless sync: sparse bitwise deltas of bf16 weights as slime, verl, TRL and NeMo-RL "
+        "send them (`benchmarks/sparse_delta.py`: the int32 index and bf16 value of every bf16 weight whose bits "
+        "changed, 6 bytes each; drift 0 by construction, checked bit for bit on a receiver copy), for AdamW's steps "
+        "and for LoGRA's, at the run's learning rate and steps (median over the steps), next to LoGRA's "
+        "coefficient sync in bf16 (a step between basis refreshes). Seconds: building and applying the patch "
+        "in-process (no transport); LoGRA's: the real sync into vLLM.",
+        "",
+    ]
+    rows = []
+    for size, r in sized.items():
+        a, lg, c = r["sparse_delta_adamw_bf16"], r["sparse_delta_logra_bf16"], r["coefficient_vs_sparse_adamw"]
+        rows.append(
+            [
+                size,
+                f"{a['lr']:.0e}",
+                f"{c['bf16_full_bytes'] / 1e6:.0f} MB",
+                f"{cell(a)}, {a['seconds_median']:.2f} s",
+                f"{cell(lg)}, {lg['seconds_median']:.2f} s",
+                f"{c['coefficient_bf16_bytes'] / 1e6:.2f} MB, "
+                f"{num(r['coefficient_sync']['bfloat16']['seconds_median'], '.2f')} s",
+                f"{c['ratio']:.3f}" if c["ratio"] is not None else "–",
+                met(c["met"]),
+            ]
+        )
+    out += table(
+        [
+            "size",
+            "lr",
+            "bf16 full",
+            "sparse delta, AdamW",
+            "sparse delta, LoGRA",
+            "LoGRA coefficients bf16",
+            "coefficients / sparse AdamW",
+            f"target <= {SPARSE_TARGET}",
+        ],
+        rows,
+    ) + [""]
+    rows = []
+    for size, r in sized.items():
+        coef = r["coefficient_vs_sparse_adamw"]["coefficient_bf16_bytes"]
+        for point in r.get("sparse_delta_lr_sweep", []):
+            a, lg = point["adamw"], point["logra"]
+            ratio = coef / a["bytes_per_step"] if a["bytes_per_step"] else None
+            rows.append(
+                [
+                    size,
+                    f"{point['lr']:.0e}",
+                    cell(a),
+                    cell(lg),
+                    f"{coef / 1e6:.2f} MB",
+                    num(ratio, ".3f"),
+                    "–" if ratio is None else met(ratio <= SPARSE_TARGET),
+                ]
+            )
+    if rows:
+        out += [
+            "The sparse deltas shrink with the learning rate (a bf16 weight changes only when its update exceeds about "
+            "|w|/256) while LoGRA's coefficient bytes do not depend on it; a few steps per learning rate from the "
+            "same initial weights:",
+            "",
+            *table(
+                [
+                    "size",
+                    "lr",
+                    "sparse delta, AdamW",
+                    "sparse delta, LoGRA",
+                    "LoGRA coefficients bf16",
+                    "ratio",
+                    f"target <= {SPARSE_TARGET}",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    return out
 
 
 def plot(res: dict, plt):
@@ -452,6 +672,22 @@ def headline(found: dict) -> list[str]:
         f"the bytes of a full sync in fp32 ({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
         f"in bf16), averaged over a refresh period ({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
         f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."
+    ] + _sparse_headline(s)
+
+
+def _sparse_headline(s: dict) -> list[str]:
+    """Against the field's sparse bf16 deltas: LoGRA's coefficient sync over AdamW's, at each learning rate."""
+    c = s.get("coefficient_vs_sparse_adamw")
+    if not c:
+        return []
+    coef = c["coefficient_bf16_bytes"]
+    points = [(s["sparse_delta_adamw_bf16"]["lr"], c["ratio"])] + [
+        (p["lr"], coef / p["adamw"]["bytes_per_step"]) for p in s.get("sparse_delta_lr_sweep", [])
+    ]
+    return [
+        f"- Against the field's sparse bf16 deltas (slime/verl/TRL), ~{s['params'] / 1e6:.0f}M: LoGRA's coefficient "
+        f"sync sends {', '.join(f'**{r:.3f}×** at lr {lr:.0e}' for lr, r in points)} the bytes of AdamW's sparse "
+        f"delta per step (target ≤ {c['target']}) ([table](#weight-sync-to-vllm))."
     ]
 
 
@@ -465,6 +701,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sync_cost[_quick].json)")
     parser.add_argument(
         "--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other sizes already in the results file (one size per call: each is measured alone)",
     )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
@@ -485,9 +726,14 @@ def main(argv=None) -> dict:
     import vllm
 
     started, load_start = time.perf_counter(), load_average()
-    rows = {}
+    command = "python benchmarks/sync_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json"
+    kept = json.loads(out.read_text()) if args.merge and out.is_file() else {}
+    rows = {s: r for s, r in kept.get("sizes", {}).items() if s not in sizes}
     for size in sizes:
+        size_load = load_average()
         rows[size] = _run_size(size, args.quick, [] if args.steps is None else ["--steps", str(args.steps)])
+        rows[size].update(command=command, load_start=size_load, load_end=load_average())
         r = rows[size]
         print(
             f"{size}: "
@@ -504,7 +750,7 @@ def main(argv=None) -> dict:
             flush=True,
         )
     result = {
-        "command": "python benchmarks/sync_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
         "wall_seconds": round(time.perf_counter() - started, 1),
         "load_start": load_start,
         "load_end": load_average(),
@@ -513,12 +759,14 @@ def main(argv=None) -> dict:
         "run": run,
         "gaps": list(GAPS),
         "shapes": {
-            s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in sizes
+            s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in rows
         },
         "headline_size": HEADLINE if HEADLINE in rows else sizes[0],
-        "sizes": rows,
+        "sizes": {s: rows[s] for s in sorted(rows, key=lambda s: (SIZES + (QUICK_SIZE,)).index(s))},
     }
-    write_result(Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json", result)
+    if kept:
+        result["merged"] = "sizes measured by separate calls (--merge): each row has its own command and load"
+    write_result(out, result)
     return result
 
 

@@ -225,6 +225,25 @@ def test_trl_grpo_quick(tmp_path: Path) -> None:
     assert all(r["ok"] for r in res["rows"] if r["row"].startswith("logra_")), "the logra rows need no peer"
 
 
+def test_sparse_bf16_delta_is_lossless_and_counts_changed_weights() -> None:
+    import torch
+
+    from benchmarks.sparse_delta import SparseDelta, bf16_bits
+
+    g = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(64, 32, generator=g) * 0.02, "b": torch.zeros(32)}
+    delta = SparseDelta(params)
+    for lr in (1e-3, 1e-6):
+        before = {n: bf16_bits(p) for n, p in params.items()}
+        for p in params.values():
+            p.add_(lr * torch.randn(p.shape, generator=g).sign())
+        row = delta.step(params)
+        changed = sum(int((bf16_bits(p) != before[n]).sum()) for n, p in params.items())
+        assert row["changed"] == changed and row["bytes"] == 6 * changed and row["drift_max"] == 0.0
+        assert all(torch.equal(delta.replica[n], bf16_bits(p)) for n, p in params.items())
+    assert row["changed_fraction"] < 0.5  # at lr 1e-6 most weights of magnitude ~0.02 keep their bf16 value
+
+
 @pytest.mark.vllm
 def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
@@ -243,8 +262,17 @@ def test_sync_cost_quick_fields(tmp_path: Path) -> None:
     assert set(row["wire_formats"]) == {"float32", "bfloat16", "bfloat16_unmatched"}
     assert all(f["with_bases"]["syncs"] >= 1 and f["coefficients"]["syncs"] >= 1 for f in row["wire_formats"].values())
     assert row["wire_formats"]["float32"]["drift_max"] <= 1e-4 and row["wire_formats"]["bfloat16"]["drift_max"] <= 1e-4
+    adamw, logra = row["sparse_delta_adamw_bf16"], row["sparse_delta_logra_bf16"]
+    for sparse in (adamw, logra):  # lossless: the receiver holds bf16(trainer) bit for bit
+        assert sparse["drift_max"] == 0.0 and sparse["syncs"] == res["run"]["steps"]["tiny"]
+        assert sparse["bytes_per_step"] == pytest.approx(6 * sparse["changed_fraction_median"] * row["params"], rel=0.2)
+    assert row["coefficient_vs_sparse_adamw"]["ratio"] == pytest.approx(
+        row["coefficient_sync"]["bfloat16"]["bytes"] / adamw["bytes_per_step"]
+    )
+    assert [p["lr"] for p in row["sparse_delta_lr_sweep"]] == list(res["run"]["sweep_lrs"])
     lines, _ = sync_cost.section(res)
     assert any("coefficients bf16" in line for line in lines)
+    assert any("sparse delta, AdamW" in line for line in lines)
     import matplotlib
 
     matplotlib.use("Agg")

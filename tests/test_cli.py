@@ -91,7 +91,8 @@ def tiny_budget(tmp_path: Path) -> list[str]:
 
 def engine_override(config: str) -> list[str]:
     text = (ROOT / "configs" / config).read_text()
-    return ["--model.engine", "logra_lightning.rollout.HFEngineSpec"] if "VLLMEngineSpec" in text else []
+    vllm = "VLLMEngineSpec" in text or "VLLMServerEngineSpec" in text  # the server engine: tests/test_vllm_server.py
+    return ["--model.engine", "logra_lightning.rollout.HFEngineSpec"] if vllm else []
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c not in SLOW | OWN_TEST])

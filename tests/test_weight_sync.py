@@ -265,20 +265,20 @@ def test_engine_refuses_a_coefficient_for_a_basis_it_does_not_hold(tiny_path):
     torch.testing.assert_close(dict(engine.model.named_parameters())[name], w1 + coef @ basis)
 
 
-def test_payload_carries_the_coefficient_alone_and_a_shared_basis_once():
-    from logra_lightning.sync.wire import pack_payload, unpack_payload
+def test_message_carries_the_coefficient_alone_and_a_shared_basis_once():
+    from logra_lightning.sync.frames import decode, encode
 
     m, n, r = 48, 32, 4
     coef, basis = torch.randn(m, r), torch.randn(r, n)
     u = LowRankUpdate("w", 0.9, coef, basis, basis="right", version="s.3")
-    full, alone = pack_payload([u]), pack_payload([u.without_basis()])
-    assert r * n * 4 <= len(full) - len(alone) < r * n * 4 + 100  # the basis and its header entry
+    (full, _), (alone, buffer) = encode([u]), encode([u.without_basis()])
+    assert r * n * 4 <= full["nbytes"] - alone["nbytes"] < r * n * 4 + 64  # the basis (64-byte aligned)
     assert u.without_basis().nbytes == r * m * 4
-    (got,), _ = unpack_payload(alone)
+    (got,), _ = decode(alone, buffer)
     assert got.right is None and torch.equal(got.left, coef) and (got.basis, got.version) == ("right", "s.3")
     pieces = [dataclasses.replace(u, name=f"w{e}", key="w") for e in range(3)]  # expert pieces share a basis
-    assert len(pack_payload(pieces)) - len(pack_payload(pieces[:1])) < 2 * (r * m * 4 + 200)
-    assert all(torch.equal(p.right, basis) for p in unpack_payload(pack_payload(pieces))[0])
+    assert encode(pieces)[0]["nbytes"] - encode(pieces[:1])[0]["nbytes"] == 2 * r * m * 4
+    assert all(torch.equal(p.right, basis) for p in decode(*encode(pieces))[0])
 
 
 def test_logra_versions_follow_refreshes_and_reloads():

@@ -36,6 +36,10 @@ Choices:
    level (<= 3.8e-6 after 6 syncs) but the matmuls cost trainer time (14.7 s per step on the
    loaded 2-core CPU); without it the drift grew to 4.6e-4 after 6 syncs at lr 1e-3, bounded
    by a full sync every ``full_sync_every`` steps.
+6. **An engine that loses its weights** (a ``vllm serve`` process restarted mid-run,
+   :class:`~logra_lightning.rollout.vllm_server.VLLMServerEngine`) recovers inside the call by sending
+   the trainer's current weights, which already hold the step being synced, so no step is lost
+   or applied twice. It then has a new ``sync_epoch``: the callback forgets which bases it held.
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ from logra_lightning.sync.wire import LowRankUpdate, match_wire_rounding_, tenso
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _WIRE_DTYPES = tuple(_DTYPES)
+
+
+def _identity(engine) -> tuple[int, int]:
+    """Which engine, and which of its lives: ``sync_epoch`` changes when an engine lost what it was sent."""
+    return id(engine), int(getattr(engine, "sync_epoch", 0))
 
 
 @torch.no_grad()
@@ -124,6 +133,8 @@ class LowRankWeightSync(L.Callback):
         ``sync/dense_bytes``: bytes a full sync sends (all policy params), for comparison.
         ``sync/seconds``: wall time of the sync, including the engine applying it.
         ``sync/full_syncs``: full syncs so far (cumulative, survives resume).
+        ``sync/engine_recoveries``: times the engine recovered from losing its weights (choice 6;
+        engines that can, e.g. ``VLLMServerEngine``).
         ``sync/logprob_abs_diff_mean``, ``sync/logprob_abs_diff_max``: ``|engine - trainer|``
         logprob of the latest rollout's sampled tokens, when the module sets
         ``engine_logprob_gap`` (the drift the syncs are meant to keep near zero).
@@ -164,7 +175,7 @@ class LowRankWeightSync(L.Callback):
         self._last_step = 0
         self._warn_once = WarnOnce(rank_zero_warn)
         self._held: dict[str, str] = {}  # HF name -> basis version the engine holds (choice 4)
-        self._held_by: int | None = None  # id() of the engine that holds them
+        self._held_by: tuple[int, int] | None = None  # the engine that holds them (_identity)
 
     @property
     @override
@@ -252,8 +263,9 @@ class LowRankWeightSync(L.Callback):
         with announce_phase(pl_module, "weight_sync"):
             try:
                 if full:
-                    self._held, self._held_by = {}, id(engine)  # the engine's bases are resent after a full sync
+                    self._held = {}  # the engine's bases are resent after a full sync
                     sent = self._send_full(engine, pl_module)
+                    self._held_by = _identity(engine)
                 else:
                     sent, basis_bytes = self._send_lowrank(engine, updates)
             except Exception as e:
@@ -269,13 +281,16 @@ class LowRankWeightSync(L.Callback):
         else:
             self.lowrank_syncs += 1
         self.total_bytes += sent
-        return {
+        metrics = {
             "sync/bytes": float(sent),
             "sync/basis_bytes": float(basis_bytes),
             "sync/dense_bytes": float(self._dense_bytes),
             "sync/seconds": time.perf_counter() - start,
             "sync/full_syncs": float(self.full_syncs),
         }
+        if hasattr(engine, "recoveries"):
+            metrics["sync/engine_recoveries"] = float(engine.recoveries)
+        return metrics
 
     def _send_full(self, engine, pl_module: L.LightningModule) -> int:
         policy = self._policy(pl_module)
@@ -291,13 +306,15 @@ class LowRankWeightSync(L.Callback):
             params = {n: p for g in opt.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
             by_name.update({n: self._names.get(id(p), n) for n, p in params.items()})
             dense += [(self._names.get(id(params[n]), n), full(params[n])) for n in opt.dense_param_names()]
-        if self._held_by != id(engine):  # another engine (e.g. rebuilt): it holds nothing of ours
-            self._held, self._held_by = {}, id(engine)
+        if self._held_by != _identity(engine):  # another engine, or one that lost our weights: it holds no basis
+            self._held, self._held_by = {}, _identity(engine)
         keep = self.cache_bases and getattr(engine, "caches_bases", False)
         renamed = [dataclasses.replace(u, name=by_name.get(u.name, u.name)) for u in updates]
         wire, held = wire_updates(renamed, self._held, _DTYPES[self.wire_dtype], keep_bases=keep)
         engine.apply_lowrank_updates(wire, dense)
-        self._held = held
+        # An engine that recovered from a restart inside the call sent the full weights instead (choice 6):
+        # it holds no basis now.
+        self._held = held if self._held_by == _identity(engine) else {}
         sent = sum(u.nbytes for u in wire) + sum(tensor_nbytes(t) for _, t in dense)
         return sent, sum(u.basis_nbytes for u in wire)
 

@@ -1,8 +1,9 @@
-"""The ``logra`` command: ``fit|validate|test|predict`` (LightningCLI), ``plan`` and ``export``.
+"""The ``logra`` command: ``fit|validate|test|predict`` (LightningCLI), ``plan``, ``export`` and ``serve``.
 
-``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan`` and ``export`` have
-their own small parsers (:mod:`logra_lightning.plan.cli`, :mod:`logra_lightning.io.export`) and do
-not import Lightning; the trainer subcommands are :class:`~logra_lightning.cli.lightning_cli.LograCLI`.
+``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan``, ``export`` and ``serve``
+have their own small parsers (:mod:`logra_lightning.plan.cli`, :mod:`logra_lightning.io.export`,
+:mod:`logra_lightning.cli.serve`) and do not import Lightning; the trainer subcommands are
+:class:`~logra_lightning.cli.lightning_cli.LograCLI`.
 
 Example::
 
@@ -69,6 +70,11 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
         from logra_lightning import plan
 
         return plan.main(argv[1:])
+    if argv and argv[0] == "serve":  # a vLLM server for VLLMServerEngineSpec (docs/server_engine.md)
+        from logra_lightning.cli import serve
+
+        code = serve.main(argv[1:])
+        return code if args is not None else None
     try:
         if argv and argv[0] == "export":
             from logra_lightning.io import export

@@ -151,6 +151,12 @@ def check_module_args(hp: Mapping[str, Any]) -> None:
         "null (when the model supports it), true or false",
     )
     check("tis_cap", hp["tis_cap"] is None or hp["tis_cap"] >= 1, "None (off) or values >= 1")
+    check("off_policy_steps", hp.get("off_policy_steps", 0) in (0, 1), "0 (on-policy) or 1 (one step off-policy)")
+    if hp.get("off_policy_steps", 0) and hp["tis_cap"] is None:
+        raise ConfigError(
+            "model.off_policy_steps=1 trains on rollouts of the previous weights: set model.tis_cap (e.g. 2.0) so "
+            "the loss corrects for it (truncated importance sampling)"
+        )
     count("lr_warmup_steps", 0)
     check("torch_threads", hp["torch_threads"] is None or hp["torch_threads"] >= 1, "None or integers >= 1")
     count("max_consecutive_skips", 0, none_ok=True)

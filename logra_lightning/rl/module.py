@@ -38,7 +38,8 @@ behaviour for each is tabulated in :mod:`logra_lightning.rl.faults`. Held-out ev
 Logged metrics:
     ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
-    ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``completion/length_mean``,
+    ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``rollout/policy_lag``
+    (with ``off_policy_steps``: syncs between the sampling weights and the trained ones), ``completion/length_mean``,
     ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
     ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts), ``grad/norm`` (with
     ``gradient_clip_norm``).
@@ -75,6 +76,7 @@ from logra_lightning.rl.lm_head import DEFAULT_CHUNK_SIZE
 from logra_lightning.rl.logprobs import position_logits, sequence_logprobs, token_logprobs
 from logra_lightning.rl.loss import LossConfig, grpo_advantages, grpo_loss, masked_mean, tis_weights
 from logra_lightning.rl.micro_batches import plan_micro_batches, split_to_count, use_padding_free
+from logra_lightning.rl.offpolicy import OffPolicyQueue, Submitted
 from logra_lightning.rl.phases import announce_phase
 from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
@@ -128,6 +130,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         gradient_clip_norm: clip each step's gradients to this global L2 norm (``None``: off); with LoGRA
             the norm covers its sketches (:mod:`~logra_lightning.optim.clipping`). Logs ``grad/norm``
             (before clipping). Lightning's ``trainer.gradient_clip_val`` does not apply to manual optimization.
+        off_policy_steps: ``1``: sample the next batch's rollout while this step trains (one step
+            off-policy, :mod:`~logra_lightning.rl.offpolicy`; needs an engine that samples in the
+            background, ``VLLMServerEngineSpec``, and ``tis_cap``); ``0``: on-policy.
 
     Raises:
         ConfigError: an argument out of range (names the key and the allowed range); in
@@ -175,6 +180,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         tis_cap: float | None = None,
         adapter: LoRA | None = None,
         gradient_clip_norm: float | None = None,
+        off_policy_steps: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
@@ -204,6 +210,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self._fit_started = 0.0
         self._rollouts = 0  # the sampling position (checkpointed)
         self._sampling_seed = sampling_seed
+        self._queue = OffPolicyQueue()  # off_policy_steps=1: the batch sampled ahead
 
     # ------------------------------------------------------------------ setup
     @override
@@ -239,6 +246,13 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             ref, _ = load_policy(self.model_path)
             self._ref = [ref.eval().requires_grad_(False)]
         self.engine = self.engine_spec.build(self.model_path, self.policy, self.tokenizer)
+        if self.hparams.off_policy_steps and not hasattr(self.engine, "submit"):
+            self.engine.close()
+            raise ConfigError(
+                f"model.off_policy_steps=1 needs an engine that samples while the trainer trains; "
+                f"{type(self.engine).__name__} does not: use logra_lightning.rollout.VLLMServerEngineSpec, "
+                "or set model.off_policy_steps=0"
+            )
         if self.adapter is not None:  # after the engine: an engine with its own copy copies the base model
             self.policy = self.adapter.attach(self.policy)
             self.engine = self.adapter.engine_view(self.engine)
@@ -270,6 +284,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
     @override
     def teardown(self, stage: str) -> None:
         if self.engine is not None and stage == "fit":
+            self._queue.drop()  # its rollout is never trained on; the engine finishes it before closing
             self.engine.close()
 
     # ------------------------------------------------------------- the RL step
@@ -280,8 +295,20 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         prompts, answers = batch["prompt"], batch["answer"]
         prompt_ids = [self.tokenizer.encode(p) for p in prompts]
 
-        with announce_phase(self, "rollout"):
-            rollout = self._generate(prompt_ids, G)
+        if hp.off_policy_steps:  # submit this batch, train on the one sampled while the previous step trained
+            ahead = Submitted(prompts, answers, prompt_ids, self.engine.submit(prompt_ids, G, self._next_sampling()))
+            if (behind := self._queue.exchange(ahead)) is None:
+                return  # the first batch of a fit only fills the pipeline
+            prompts, answers, prompt_ids = behind.prompts, behind.answers, behind.prompt_ids
+            with announce_phase(self, "rollout"):
+                rollout = self._checked(lambda: self.engine.wait(behind.pending), len(prompt_ids) * G)
+            lag = self.engine.policy_lag(rollout) if hasattr(self.engine, "policy_lag") else None
+            if lag is not None:
+                self.log("rollout/policy_lag", float(lag), batch_size=len(prompts))
+        else:
+            lag = 0
+            with announce_phase(self, "rollout"):
+                rollout = self._generate(prompt_ids, G)
         unusable = degenerate_rollout(rollout)
         if not all_ranks_agree(self._trainer, unusable is None):
             self.faults.skip("batch", unusable or "unusable rollout on another rank", self.trainer, self.global_step)
@@ -291,6 +318,8 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             [p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)]
         )
         traj = self._trajectory([p for p in prompt_ids for _ in range(G)], rollout, rewards)
+        if lag != 0:  # the engine's logprobs are of older weights: their gap to the trainer's is lag, not sync drift
+            self.engine_logprob_gap = None
 
         stats: dict[str, float] = {}
         for epoch in range(hp.ppo_epochs):
@@ -390,20 +419,29 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         )
 
     # ---------------------------------------------- rollout, rewards, logprobs
-    def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
-        """Sample ``n`` completions per prompt with this rollout's seed; a failing engine stops training."""
+    def _next_sampling(self) -> SamplingConfig:
+        """This rollout's sampling, seeded from ``(sampling_seed, rollout index, rank)``; advances the index."""
         sampling = self.sampling
         if sampling.seed is None:  # a subclass may set its own seed
             seed = mix_seed(self._sampling_seed or 0, self._rollouts, self.global_rank) % (2**31 - 1)
             sampling = dataclasses.replace(sampling, seed=seed)
+        self._rollouts += 1
+        return sampling
+
+    def _checked(self, sample: Callable[[], Rollout], expected: int) -> Rollout:
+        """``sample()``, with ``expected`` completions; a failing engine stops training."""
         try:
-            rollout = self.engine.generate(prompt_ids, n=n, sampling=sampling)
-            if len(rollout) != len(prompt_ids) * n:
-                raise RuntimeError(f"returned {len(rollout)} completions for {len(prompt_ids)} prompts x {n} samples")
+            rollout = sample()
+            if len(rollout) != expected:
+                raise RuntimeError(f"returned {len(rollout)} completions, expected {expected}")
         except Exception as err:
             raise engine_failure(err, self.engine, self.global_step, self._trainer) from err
-        self._rollouts += 1
         return rollout
+
+    def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
+        """Sample ``n`` completions per prompt with this rollout's seed; a failing engine stops training."""
+        sampling = self._next_sampling()
+        return self._checked(lambda: self.engine.generate(prompt_ids, n=n, sampling=sampling), len(prompt_ids) * n)
 
     def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
         self.log_dict({**rollout.metrics(time.perf_counter() - start), **self.faults.metrics()}, batch_size=batch_size)

@@ -1,14 +1,19 @@
-"""Rollout engines: Hugging Face ``generate`` in-process, and vLLM.
+"""Rollout engines: Hugging Face ``generate`` in-process, vLLM in-process, and a separate ``vllm serve`` process.
 
-``VLLMEngine`` / ``VLLMEngineSpec`` are loaded on first access, so importing this package
-never imports vLLM (which is optional and slow to import).
+``VLLMEngine`` / ``VLLMEngineSpec`` and ``VLLMServerEngine`` / ``VLLMServerEngineSpec`` are loaded on
+first access, so importing this package never imports vLLM (which is optional and slow to import).
 """
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, RolloutEngine, SamplingConfig
 from logra_lightning.rollout.hf import HFEngine, HFEngineSpec
 from logra_lightning.rollout.vllm_options import VLLMOptions
 
-_LAZY = {"VLLMEngine", "VLLMEngineSpec"}
+_LAZY = {
+    "VLLMEngine": "vllm",
+    "VLLMEngineSpec": "vllm",
+    "VLLMServerEngine": "vllm_server",
+    "VLLMServerEngineSpec": "vllm_server",
+}
 
 __all__ = [
     "EngineSpec",
@@ -21,12 +26,14 @@ __all__ = [
     "VLLMEngine",
     "VLLMEngineSpec",
     "VLLMOptions",
+    "VLLMServerEngine",
+    "VLLMServerEngineSpec",
 ]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from logra_lightning.rollout import vllm as _vllm_engine
+        import importlib
 
-        return getattr(_vllm_engine, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

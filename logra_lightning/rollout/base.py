@@ -32,6 +32,7 @@ class Rollout:
     texts: list[str]  # B*n decoded completions, EOS removed
     finished: list[bool]  # B*n: ended with EOS (False = cut at max_new_tokens)
     n: int = 1
+    policy_version: str | None = None  # the engine's weight version that sampled every token (None: not reported)
 
     def __len__(self) -> int:
         return len(self.completion_ids)

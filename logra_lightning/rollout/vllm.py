@@ -4,9 +4,14 @@
 a GPU, the CUDA build elsewhere) from the same HF directory as the policy and
 returns the same :class:`~logra_lightning.rollout.base.Rollout` as
 :class:`~logra_lightning.rollout.hf.HFEngine`: token ids, texts and the log-probability
-of every sampled token under the sampling distribution. Weight updates go to the
-workers through ``llm.collective_rpc`` as safetensors bytes and are applied by
-:class:`~logra_lightning.rollout.vllm_worker.LowRankWorkerExtension`.
+of every sampled token under the sampling distribution. Weight updates go through vLLM's
+weight-transfer API with LoGRA's backend (``weight_transfer_config={"backend": "logra"}``,
+:mod:`~logra_lightning.rollout.vllm_transfer`): control through ``LLM``'s
+``start_weight_update``/``update_weights``/``finish_weight_update``, tensors by a gloo (CPU) or
+NCCL (GPU) broadcast (:class:`~logra_lightning.rollout.vllm_sender.LowRankSender`). No worker
+extension is needed: the API covers initialization (the backend reports back what it could not
+place), updates and the reload at ``finish``. The same backend serves a separate ``vllm serve``
+process (:mod:`~logra_lightning.rollout.vllm_server`).
 
 vLLM is imported only when an engine is built. vLLM on CPU starts its workers with
 ``spawn``, so a script that builds an engine needs an ``if __name__ == "__main__":``
@@ -55,9 +60,9 @@ import torch
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm_options import VLLMOptions, import_vllm, quiet_loggers
-from logra_lightning.sync.wire import pack_payload, tensor_nbytes
+from logra_lightning.rollout.vllm_plugin import BACKEND, check_installed
+from logra_lightning.rollout.vllm_sender import LLMClient, LowRankSender
 
-WORKER_EXTENSION = "logra_lightning.rollout.vllm_worker.LowRankWorkerExtension"
 GiB = 1 << 30
 ONEDNN_CACHE_CAPACITY = "64"  # choice 5
 
@@ -110,6 +115,7 @@ class VLLMEngine:
         if overrides:
             opts = dataclasses.replace(opts, **overrides)  # validated again, with the overrides
         vllm = import_vllm()
+        check_installed()
         self.names = CheckpointNames(policy) if policy is not None else CheckpointNames(torch.nn.Module())
         if tokenizer is None:
             from logra_lightning.models import load_tokenizer
@@ -135,7 +141,7 @@ class VLLMEngine:
             enforce_eager=opts.enforce_eager,
             seed=opts.seed,
             gpu_memory_utilization=opts.gpu_memory_utilization,
-            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
             logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True,
             disable_log_stats=True,
@@ -143,7 +149,7 @@ class VLLMEngine:
         if current_platform.is_cpu() and opts.kv_cache_space_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_space_gb * GiB)
         kwargs.update(opts.engine_kwargs)
-        self.options = {k: v for k, v in kwargs.items() if k not in ("model", "worker_extension_cls")}
+        self.options = {k: v for k, v in kwargs.items() if k not in ("model", "weight_transfer_config")}
         try:
             spawn_env = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": ONEDNN_CACHE_CAPACITY} if current_platform.is_cpu() else {}
             # quiet: its chat-template warm-up needs the tokenizer we skip
@@ -164,8 +170,18 @@ class VLLMEngine:
             if (msg := untested_warning(arch)) is not None:
                 warnings.warn(msg, stacklevel=2)
             expected = self.names.shapes((n, tuple(p.shape)) for n, p in policy.named_parameters())
+        self.sync_mode = opts.sync_mode
+        self._shadow_stale = False
+        workers = opts.tensor_parallel_size * int(opts.engine_kwargs.get("pipeline_parallel_size", 1))
+        self.sender = LowRankSender(
+            LLMClient(self.llm),
+            workers=workers,
+            backend="nccl" if opts.transfer_backend == "nccl" else "gloo",
+            chunk_bytes=self.chunk_bytes,
+        )
         try:
-            self.init_info = self._rpc("logra_init", opts.sync_mode, expected)[0]
+            self.init_info = self.init_transfer(expected)
+            self._shadow_stale = False  # the engine holds the checkpoint, as the workers' copy does
             unplaced = self.init_info.get("unplaced")
             if unplaced:
                 shown = ", ".join(f"{n} {tuple(s)}" for n, s in unplaced[:5])
@@ -222,7 +238,7 @@ class VLLMEngine:
     # ------------------------------------------------------------- weight updates
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the named parameters (HF names) with these values (a full sync)."""
-        self._send((None, d) for name, value in named_tensors for d in self.names.dense(name, value))
+        self._send(((None, d) for name, value in named_tensors for d in self.names.dense(name, value)), full=True)
 
     def apply_lowrank_updates(
         self, updates: list[LowRankUpdate], dense: Iterable[tuple[str, torch.Tensor]] = ()
@@ -234,46 +250,43 @@ class VLLMEngine:
         """
         items = [(v, None) for u in updates for v in self.names.update(u)]
         items += [(None, d) for name, value in dense for d in self.names.dense(name, value)]
-        self._send(iter(items))
+        self._send(iter(items), full=False)
 
-    def _send(self, items: Iterator[tuple[LowRankUpdate | None, tuple[str, torch.Tensor] | None]]) -> None:
+    def init_transfer(self, expected: list[tuple[str, tuple[int, ...]]] | None = None) -> dict:
+        """(Re)initialize the weight transfer with the workers; returns their report (``"unplaced"``: the
+        ``expected`` checkpoint names and shapes vLLM would not load). A full sync must follow before
+        low-rank updates: the workers rebuild their shadow from the checkpoint."""
+        try:
+            report = self.sender.init(self.sync_mode, expected)
+        except Exception as e:
+            raise RuntimeError(f"vLLM weight-transfer init failed: {e}") from e
+        self._shadow_stale = True  # rebuilt from the checkpoint, while the engine may hold synced weights
+        return report
+
+    def _send(self, items: Iterator[tuple[LowRankUpdate | None, tuple[str, torch.Tensor] | None]], full: bool) -> None:
         t0 = time.perf_counter()
-        sent = 0
-        ups: list[LowRankUpdate] = []
-        dense: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for u, d in items:
-            if u is not None:
-                ups.append(u)
-                size += u.nbytes
-            else:
-                dense.append(d)
-                size += tensor_nbytes(d[1])
-            if size >= self.chunk_bytes:
-                sent += self._send_chunk(ups, dense, commit=False)
-                ups, dense, size = [], [], 0
-        if ups or dense:
-            sent += self._send_chunk(ups, dense, commit=False)
-        self._rpc("logra_commit")
+        if self.sender.channel is None:  # a failed sync broke the group: rebuild it
+            self.init_transfer()
+        if self._shadow_stale and not full:
+            raise RuntimeError(
+                "the weight transfer was re-initialized after a failed sync, so the workers' copy is the checkpoint's "
+                "until a full sync: send one (load_weights with every parameter) before low-rank updates"
+            )
+        try:
+            sent = self.sender.send(items)
+        except Exception as e:
+            raise RuntimeError(f"vLLM weight update failed: {e}") from e
+        self._shadow_stale = self._shadow_stale and not full
         self.llm.reset_prefix_cache()
         self.last_sync = {"bytes": float(sent), "seconds": time.perf_counter() - t0}
-
-    def _send_chunk(self, updates, dense, commit: bool) -> int:
-        payload = pack_payload(updates, dense)
-        self._rpc("logra_update", payload, commit)
-        return len(payload)
-
-    def _rpc(self, method: str, *args) -> list:
-        try:
-            return self.llm.collective_rpc(method, args=args)
-        except Exception as e:
-            raise RuntimeError(f"vLLM worker call {method!r} failed: {type(e).__name__}: {e}") from e
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is None:
             return
         self.llm = None
+        if getattr(self, "sender", None) is not None:
+            self.sender.close()
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()

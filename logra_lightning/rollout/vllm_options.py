@@ -25,6 +25,7 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SYNC_MODES = ("auto", "inplace", "reload")
+TRANSFER_BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclasses.dataclass
@@ -41,7 +42,10 @@ class VLLMOptions:
         seed: engine seed (sampling is reproducible for a fixed seed and request order).
         sync_mode: ``"auto"`` (in place where the module keeps its weight, shadow + reload
             where the backend repacked it), ``"reload"`` (always shadow + reload) or ``"inplace"``.
-        chunk_mb: largest payload per ``collective_rpc`` call, in MiB.
+        chunk_mb: largest message per ``update_weights`` call of the weight transfer, in MiB.
+        transfer_backend: how the sync's tensors reach the workers: ``"gloo"`` (CPU tensors, TCP) or
+            ``"nccl"`` (GPU to GPU; the trainer and each worker on different devices); ``"auto"``: gloo,
+            since an in-process engine shares the trainer's GPU, where NCCL cannot have two ranks.
         cpu_threads_bind: value for ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"0"`` or ``"nobind"``);
             ``None`` leaves vLLM's ``"auto"``.
         engine_kwargs: extra ``vllm.LLM`` arguments (they override the ones above).
@@ -59,6 +63,7 @@ class VLLMOptions:
     seed: int = 0
     sync_mode: str = "auto"
     chunk_mb: float = 256.0
+    transfer_backend: str = "auto"
     cpu_threads_bind: str | None = None
     engine_kwargs: dict[str, Any] | None = None
 
@@ -80,6 +85,10 @@ class VLLMOptions:
             raise ValueError(f"Invalid tensor_parallel_size: {self.tensor_parallel_size} (must be an int >= 1)")
         if self.sync_mode not in SYNC_MODES:
             raise ValueError(f"Invalid sync_mode: {self.sync_mode!r} (allowed: {', '.join(map(repr, SYNC_MODES))})")
+        if self.transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(
+                f"Invalid transfer_backend: {self.transfer_backend!r} (allowed: {', '.join(map(repr, TRANSFER_BACKENDS))})"
+            )
         if not self.chunk_mb > 0:
             raise ValueError(f"Invalid chunk_mb: {self.chunk_mb} (must be > 0)")
 

@@ -1,10 +1,9 @@
 """Worker side of the low-rank weight sync: applies ``W <- c*W + L@R`` inside vLLM's workers.
 
-vLLM loads this class into every worker with
-``LLM(worker_extension_cls="logra_lightning.rollout.vllm_worker.LowRankWorkerExtension")``;
-:class:`~logra_lightning.rollout.vllm.VLLMEngine` calls its ``logra_*`` methods through
-``llm.collective_rpc``. Payloads are safetensors bytes (:func:`~logra_lightning.sync.wire.pack_payload`), because
-tensors do not cross vLLM's default multiprocess engine but bytes do.
+:class:`LowRankApplier` is what LoGRA's weight-transfer backend
+(:class:`~logra_lightning.rollout.vllm_transfer.LowRankTransferEngine`, vLLM's
+``--weight-transfer-config '{"backend": "logra"}'``) builds in every worker when the trainer
+initializes the transfer, and what it hands each received message to.
 
 Where a tensor goes is vLLM's own knowledge: at start-up every checkpoint tensor is
 fed (as a meta tensor) through the model class's ``load_weights`` with each
@@ -22,7 +21,7 @@ Two ways to change a weight, chosen per vLLM module:
 * **shadow + reload** — vLLM's CPU backend repacks linear weights (oneDNN) and frees
   the originals, and fused-expert layers may re-layout theirs after loading. For such
   modules the worker keeps a dense fp32 shadow of their HF tensors, updates the
-  shadow, and calls ``model_runner.reload_weights`` with every HF tensor of each
+  shadow, and reloads (vLLM's ``reload_weights``) every HF tensor of each
   changed module (vLLM processes a module only once all its tensors are loaded; for
   a fused-expert layer that is every expert's tensors). Only low-rank factors cross
   the process boundary; the dense work stays in the worker.
@@ -55,7 +54,7 @@ from contextlib import contextmanager
 import torch
 
 from logra_lightning.rollout.vllm_options import quiet_loggers
-from logra_lightning.sync.wire import BasisCache, unpack_payload
+from logra_lightning.sync.wire import BasisCache, LowRankUpdate
 
 _MODES = ("auto", "inplace", "reload")
 
@@ -231,31 +230,36 @@ class _SyncState:
         return [module for module, _ in self.targets.get(name, ())]
 
 
-class LowRankWorkerExtension:
-    """Mixed into vLLM's worker class; every method here runs in each worker process.
+class LowRankApplier:
+    """Applies syncs to one worker's model: every method runs in that vLLM worker process.
 
-    Methods are prefixed ``logra_`` so they cannot clash with the worker's own.
+    Built by the weight-transfer backend (:class:`~logra_lightning.rollout.vllm_transfer.LowRankTransferEngine`)
+    when the trainer initializes the transfer: it maps every checkpoint tensor to its vLLM
+    parameters and picks, per vLLM module, in place or shadow + reload (the module notes).
+
+    Args:
+        model: the worker's vLLM model.
+        vllm_config: the engine's config (the checkpoint to read the shadow from, reloads).
+        mode: ``"auto"``, ``"inplace"`` or ``"reload"`` (:class:`~logra_lightning.rollout.vllm_options.VLLMOptions`).
+        expected: the trainer's names and shapes, in checkpoint form; :attr:`report` lists under
+            ``"unplaced"`` those vLLM would not load, so the trainer can refuse to start instead of
+            syncing silently wrong.
     """
 
-    # ------------------------------------------------------------------ setup
-    def logra_init(self, mode: str = "auto", expected: list[tuple[str, tuple[int, ...]]] | None = None) -> dict:
-        """Map every checkpoint tensor to its vLLM parameters; pick in-place or shadow+reload per module.
-
-        ``expected`` (the trainer's names and shapes, in checkpoint form) are checked against
-        that map: the returned ``"unplaced"`` lists those vLLM would not load, so the engine can
-        refuse to start instead of syncing silently wrong.
-        """
+    def __init__(
+        self, model, vllm_config, mode: str = "auto", expected: list[tuple[str, tuple[int, ...]]] | None = None
+    ) -> None:
         if mode not in _MODES:
             raise ValueError(f"Invalid sync mode: {mode!r} (allowed: {', '.join(map(repr, _MODES))})")
         from vllm.model_executor.model_loader import get_model_loader
 
-        model = self.model_runner.get_model()
+        self.model, self.vllm_config = model, vllm_config
         st = _SyncState(mode)
         modules = dict(model.named_modules())
-        st.reload_modules = {name for name, mod in modules.items() if self._logra_needs_reload(model, mod, mode)}
+        st.reload_modules = {name for name, mod in modules.items() if self._needs_reload(model, mod, mode)}
         st.dependents = _packed_dependents(modules)
-        loader = get_model_loader(self.vllm_config.load_config)
-        weights = list(loader.get_all_weights(self.vllm_config.model_config, model))
+        loader = get_model_loader(vllm_config.load_config)
+        weights = list(loader.get_all_weights(vllm_config.model_config, model))
         st.shapes = {name: tuple(t.shape) for name, t in weights}
         st.targets = trace_targets(model, st.shapes.items())
         for name in st.shapes:
@@ -265,13 +269,13 @@ class LowRankWorkerExtension:
         reload_names = {n for names in st.members.values() for n in names}
         st.shadow = {n: t.detach().to("cpu", torch.float32).clone() for n, t in weights if n in reload_names}
         del weights
-        self._logra_state = st
+        self.state = st
         unplaced = [
             [name, list(shape)]
             for name, shape in (expected or ())
             if not st.targets.get(name) or st.shapes.get(name) != tuple(shape)
         ]
-        return {
+        self.report = {
             "mode": mode,
             "reload_modules": len(st.members),
             "packed_dependents": {k: list(v) for k, v in st.dependents.items()},
@@ -281,7 +285,7 @@ class LowRankWorkerExtension:
         }
 
     @staticmethod
-    def _logra_needs_reload(model, module, mode: str) -> bool:
+    def _needs_reload(model, module, mode: str) -> bool:
         """In place only where the forward reads the plain ``weight`` the loader wrote (linears, embeddings)."""
         from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -299,45 +303,37 @@ class LowRankWorkerExtension:
         # Other layers with a quant method (fused experts, ...) may re-layout weights after loading.
         return hasattr(module, "quant_method") and not isinstance(module, (LinearBase, VocabParallelEmbedding))
 
-    def _logra_state_or_raise(self) -> _SyncState:
-        st = getattr(self, "_logra_state", None)
-        if st is None:
-            raise RuntimeError("LowRankWorkerExtension used before logra_init(); the engine calls it at start-up")
-        return st
-
     # ----------------------------------------------------------------- updates
-    @staticmethod
-    def _logra_check(st: _SyncState, name: str, shape: tuple[int, ...], what: str) -> None:
+    def _check(self, name: str, shape: tuple[int, ...], what: str) -> None:
+        st = self.state
         if not st.targets.get(name):
             raise KeyError(f"no vLLM parameter for HF name {name!r}")
         if tuple(shape) != st.shapes[name]:
             raise ValueError(f"{name}: {what} do not match the weight's shape {st.shapes[name]}")
 
-    def logra_update(self, payload: bytes, commit: bool = True) -> dict:
-        """Apply a payload of low-rank updates and dense values; with ``commit``, reload changed modules.
+    def apply(self, received: list[LowRankUpdate], dense: list[tuple[str, torch.Tensor]]) -> dict:
+        """Apply low-rank updates (in order) and dense values; modules to reload wait for :meth:`commit`.
 
-        Every name and shape is checked before anything changes, so a bad payload leaves
-        the weights as they were.
+        Every name and shape is checked before anything changes, so a bad message leaves the
+        weights as they were.
         """
         t0 = time.perf_counter()
-        st = self._logra_state_or_raise()
-        received, dense = unpack_payload(payload)
+        st, model = self.state, self.model
         updates = st.bases.resolve(received)  # a coefficient alone: the basis held since the last refresh
-        model = self.model_runner.get_model()
         for name, _, left, right in updates:
             if left.ndim != 2 or right.ndim != 2 or left.shape[1] != right.shape[0]:
                 raise ValueError(f"{name}: factors {tuple(left.shape)} @ {tuple(right.shape)} are not [m, r] @ [r, n]")
             what = f"factors {tuple(left.shape)} @ {tuple(right.shape)}"
-            self._logra_check(st, name, (left.shape[0], right.shape[1]), what)
+            self._check(name, (left.shape[0], right.shape[1]), what)
         for name, value in dense:
-            self._logra_check(st, name, tuple(value.shape), f"values of shape {tuple(value.shape)}")
+            self._check(name, tuple(value.shape), f"values of shape {tuple(value.shape)}")
         st.bases.keep(received)
         for name, c, left, right in updates:
             if name in st.shadow:
-                st.shadow[name].mul_(c).addmm_(left.float(), right.float())
+                st.shadow[name].mul_(c).addmm_(left.float().cpu(), right.float().cpu())
                 st.touched.update(m for m in st.modules_of(name) if m in st.reload_modules)
             else:
-                self._logra_add(model, st, name, c, left.float() @ right.float())
+                self._add(name, c, left.float() @ right.float())
         inplace_dense = []
         for name, value in dense:
             if name in st.shadow:
@@ -349,51 +345,44 @@ class LowRankWorkerExtension:
                     st.stale.update(st.dependents.get(m, ()))
         if inplace_dense:
             model.load_weights(inplace_dense)
-        reloaded = self._logra_commit(st) if commit else 0
         return {
             "seconds": time.perf_counter() - t0,
             "updates": len(updates),
             "dense": len(dense),
-            "reloaded": reloaded,
             "bases_received": sum(u.basis_factor is not None for u in received),
             "bases_bytes": st.bases.nbytes,
         }
 
-    @staticmethod
-    def _logra_add(model, st: _SyncState, name: str, c: float, delta: torch.Tensor) -> None:
+    def _add(self, name: str, c: float, delta: torch.Tensor) -> None:
         """In place ``W <- c*W + delta`` through vLLM's own loader for ``name`` (see :func:`add_through_loader_`)."""
+        st, model = self.state, self.model
         params = [getattr(model.get_submodule(m), attr) for m, attr in st.targets[name]]
         add_through_loader_(params, lambda t: model.load_weights([(name, t)]), c, delta)
         for m in st.modules_of(name):
             st.stale.update(st.dependents.get(m, ()))
 
-    def _logra_commit(self, st: _SyncState) -> int:
+    def commit(self) -> int:
+        """Reload the modules changed since the last commit (and re-pack their packed dependents)."""
+        from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+        st = self.state
         count = len(st.touched)
         if st.touched:
             names = list(dict.fromkeys(hf for module in sorted(st.touched) for hf in st.members[module]))
             with _quiet_reload_logs():
-                self.model_runner.reload_weights(weights_iterator=((n, st.shadow[n]) for n in names))
-            _repack_cpu_experts(self.model_runner.get_model(), st.touched)
+                reload_weights(
+                    self.vllm_config,
+                    self.model,
+                    weights_iterator=((n, st.shadow[n]) for n in names),
+                    weights_path=None,
+                    is_checkpoint_format=True,
+                )
+            _repack_cpu_experts(self.model, st.touched)
             st.stale.update(d for module in st.touched for d in st.dependents.get(module, ()))
             st.touched.clear()
         if st.stale:
-            model = self.model_runner.get_model()
             for name in sorted(st.stale):  # e.g. a tied LM head: re-pack it from the updated embedding
-                module = model.get_submodule(name)
+                module = self.model.get_submodule(name)
                 module.quant_method.process_weights_after_loading(module)
             st.stale.clear()
         return count
-
-    def logra_commit(self) -> int:
-        """Reload the modules changed by ``logra_update(..., commit=False)`` calls."""
-        return self._logra_commit(self._logra_state_or_raise())
-
-    # ------------------------------------------------------------- diagnostics
-    def logra_shadow_checksum(self) -> dict[str, float]:
-        """Sum of every shadow tensor (tests compare it with the trainer's weights)."""
-        st = self._logra_state_or_raise()
-        return {name: float(t.double().sum()) for name, t in st.shadow.items()}
-
-    def logra_fail(self, message: str = "injected failure") -> None:
-        """Raise inside the worker (tests check how a worker error surfaces)."""
-        raise RuntimeError(message)

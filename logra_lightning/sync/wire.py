@@ -10,10 +10,8 @@
   with its version, so that between refreshes the wire carries only the coefficient
   (``r*m`` or ``r*n`` numbers). A coefficient whose basis version the engine does not hold
   is refused, naming the parameter (docs/design.md §5).
-* :func:`pack_payload` / :func:`unpack_payload` — updates and dense values as safetensors
-  bytes (format ``logra-sync-v2``): tensors do not cross vLLM's multiprocess engine, bytes do.
-  A basis shared by several updates of one payload (the pieces of a 3-D expert weight) is
-  stored once.
+* how a sync is laid out for the engine's workers (a header and one byte buffer):
+  :mod:`~logra_lightning.sync.frames`.
 
 Example::
 
@@ -21,11 +19,8 @@ Example::
     >>> u = LowRankUpdate("w", 0.9, torch.ones(4, 2), torch.ones(2, 3), basis="right", version="a.1")
     >>> u.nbytes, u.without_basis().nbytes, tensor_nbytes(torch.zeros(5))
     (56, 32, 20)
-    >>> ups, dense = unpack_payload(pack_payload([u], [("b", torch.zeros(3))]))
-    >>> ups[0].name, ups[0].c, ups[0].version, dense[0][0]
-    ('w', 0.9, 'a.1', 'b')
     >>> cache = BasisCache()
-    >>> cache.keep(ups)  # after applying an update that carried its basis
+    >>> cache.keep([u])  # after applying an update that carried its basis
     >>> [tuple(t.shape) for _, _, _, t in cache.resolve([u.without_basis()])]  # next step: the coefficient alone
     [(2, 3)]
 """
@@ -33,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import weakref
 from collections.abc import Iterable
@@ -221,66 +215,3 @@ def match_wire_rounding_(weight: torch.Tensor, left: torch.Tensor, right: torch.
         weight.addmm_(a, b)
     else:
         weight.add_((a @ b).to(weight.dtype))
-
-
-PAYLOAD_FORMAT = "logra-sync-v2"
-
-
-def _plain(t: torch.Tensor, seen: set[int]) -> torch.Tensor:
-    """A contiguous CPU tensor owning its storage and sharing none with the payload (safetensors needs that)."""
-    t = t.detach().to("cpu").contiguous()
-    ptr = t.untyped_storage().data_ptr()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or ptr in seen:
-        t = t.clone()
-        ptr = t.untyped_storage().data_ptr()
-    seen.add(ptr)
-    return t
-
-
-def pack_payload(updates: Iterable[LowRankUpdate] = (), dense: Iterable[tuple[str, torch.Tensor]] = ()) -> bytes:
-    """Serialize low-rank updates and dense values to bytes; a basis repeated under one key+version goes once."""
-    from safetensors.torch import save
-
-    tensors: dict[str, torch.Tensor] = {}
-    meta_updates, meta_dense = [], []
-    seen: set[int] = set()
-    basis_index: dict[tuple[str, str], int] = {}
-    for i, u in enumerate(updates):
-        entry = {"n": u.name, "c": float(u.c), "s": u.basis, "v": u.version, "k": u.key, "b": None}
-        for side in _SIDES:
-            t = getattr(u, side)
-            if t is None:
-                continue
-            if side == u.basis:
-                slot = (u.basis_key, u.version)
-                if slot not in basis_index:
-                    basis_index[slot] = len(basis_index)
-                    tensors[f"b{basis_index[slot]}"] = _plain(t, seen)
-                entry["b"] = basis_index[slot]
-            else:
-                tensors[f"u{i}.{side}"] = _plain(t, seen)
-        meta_updates.append(entry)
-    for i, (name, value) in enumerate(dense):
-        tensors[f"d{i}"] = _plain(value, seen)
-        meta_dense.append(name)
-    meta = {"format": PAYLOAD_FORMAT, "updates": json.dumps(meta_updates), "dense": json.dumps(meta_dense)}
-    return save(tensors, metadata=meta)
-
-
-def unpack_payload(payload: bytes) -> tuple[list[LowRankUpdate], list[tuple[str, torch.Tensor]]]:
-    """Inverse of :func:`pack_payload`: ``([LowRankUpdate], [(name, value)])``."""
-    from safetensors.torch import load
-
-    tensors = load(payload)
-    header_len = int.from_bytes(payload[:8], "little")
-    meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
-    if meta.get("format") != PAYLOAD_FORMAT:
-        raise ValueError(f"not a weight-sync payload (format={meta.get('format')!r}, expected {PAYLOAD_FORMAT!r})")
-    updates = []
-    for i, e in enumerate(json.loads(meta["updates"])):
-        factors = {side: tensors.get(f"u{i}.{side}") for side in _SIDES}
-        if e["b"] is not None:
-            factors[e["s"]] = tensors[f"b{e['b']}"]
-        updates.append(LowRankUpdate(e["n"], e["c"], factors["left"], factors["right"], e["s"], e["v"], e["k"]))
-    dense = [(n, tensors[f"d{i}"]) for i, n in enumerate(json.loads(meta["dense"]))]
-    return updates, dense
