@@ -34,6 +34,29 @@ def _fail(message: str) -> None:
     raise SystemExit(2) from None
 
 
+def _builtin_plan_model(argv: list[str]) -> list[str]:
+    """``logra plan --model builtin:NAME``: the built-in's cached directory instead (built first if it is not).
+
+    ``logra_lightning.plan`` sits below the built-in policies in the package's layers, so the name is
+    resolved here, where ``logra fit`` resolves it too.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        value = out[i + 1] if arg == "--model" and i + 1 < len(out) else arg.partition("=")[2]
+        if (arg == "--model" or arg.startswith("--model=")) and value.startswith("builtin:"):
+            from logra_lightning.builtin import resolve_model
+
+            try:
+                path = resolve_model(value)
+            except ConfigError as err:
+                _fail(f"logra plan: error: {err}")
+            if arg == "--model":
+                out[i + 1] = path
+            else:
+                out[i] = f"--model={path}"
+    return out
+
+
 def main(args: list[str] | None = None) -> LograCLI | int | None:
     """Entry point of ``logra`` and ``python -m logra_lightning``; ``args`` defaults to ``sys.argv[1:]``.
 
@@ -52,7 +75,7 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
     if argv and argv[0] == "plan":
         from logra_lightning import plan
 
-        return plan.main(argv[1:])
+        return plan.main(_builtin_plan_model(argv[1:]))
     try:
         if argv and argv[0] == "export":
             from logra_lightning.io import export
