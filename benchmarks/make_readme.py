@@ -43,7 +43,7 @@ ORDER = (
 )
 # Recorded by their own commands, not by `make bench`: each section follows the others when its full
 # results file exists (their scripts expose REPORTS too; never in --quick).
-EXTRA = ("memory_breakdown", "direction_error")
+EXTRA = ("memory_breakdown", "direction_error", "real_model_tasks")
 
 
 def sections() -> list[str]:
@@ -67,7 +67,7 @@ def _plot(name: str, quick: bool, results: Path, readme_dir: Path) -> list[str]:
 
 def _headline(found: dict) -> list[str]:
     out = ["## Headline numbers", ""]
-    for name in sections():
+    for name in [*sections(), *(n for n in EXTRA if n in found)]:
         headline = report_of(name).headline
         out += headline(found) if headline else []
     return out + (["- _No full results yet._"] if len(out) == 2 else []) + [""]
@@ -109,7 +109,8 @@ def build(quick: bool, results: Path, readme: Path) -> str:
         path = results / f"{name}.json"
         if not quick and path.is_file():
             report = report_of(name)
-            body += [f"## {report.title}", ""] + report.section(json.loads(path.read_text()))[0]
+            lines, found[name] = report.section(json.loads(path.read_text()))
+            body += [f"## {report.title}", ""] + lines + _plot(name, quick, results, readme.parent)
     head = [
         "# Benchmarks",
         "",

@@ -35,8 +35,9 @@ def _config(path: Path) -> dict:
 def _sources(path: Path, n: int = 6) -> tuple[ReasoningGymSource, ReasoningGymSource, ReasoningGymReward]:
     cfg = _config(path)
     data, reward = cfg["data"], cfg["model"]["reward"]
-    train_args = {**data["train"]["init_args"], "train_size": 40, "test_size": n}
-    test_args = {**data["val"]["init_args"], "test_size": n}
+    sizes = {"train_size": 40, "test_size": n}  # both sources split the same draw: they share the sizes
+    train_args, test_args = {**data["train"]["init_args"], **sizes}, {**data["val"]["init_args"], **sizes}
+    assert {**train_args, "split": "test"} == test_args, "train and val differ in more than the split"
     return (
         ReasoningGymSource(**train_args),
         ReasoningGymSource(**test_args),
