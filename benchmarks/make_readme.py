@@ -43,7 +43,15 @@ ORDER = (
 )
 # Recorded by their own commands, not by `make bench`: each section follows the others when its full
 # results file exists (their scripts expose REPORTS too; never in --quick).
-EXTRA = ("memory_breakdown", "direction_error", "real_shapes_memory", "ddp_comm", "soak", "server_engine")
+EXTRA = (
+    "memory_breakdown",
+    "direction_error",
+    "real_shapes_memory",
+    "ddp_comm",
+    "soak",
+    "server_engine",
+    "real_model_tasks",
+)
 
 
 def sections() -> list[str]:

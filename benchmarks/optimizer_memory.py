@@ -111,7 +111,15 @@ SIZES = {
     "full": {
         "25m": ROWS,
         "100m": ROWS + BF16_ROWS,
-        "400m": ["adamw", "logra", "adamw8bit_bnb", "floor_nograd", "floor_nograd_trim", "floor_chunked", "logra_chunked"],
+        "400m": [
+            "adamw",
+            "logra",
+            "adamw8bit_bnb",
+            "floor_nograd",
+            "floor_nograd_trim",
+            "floor_chunked",
+            "logra_chunked",
+        ],
     },
     "quick": {"quick": ROWS},
 }

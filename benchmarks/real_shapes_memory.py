@@ -323,7 +323,10 @@ def section(res: dict) -> tuple[list[str], dict]:
     ) + [""]
     opt = res.get("optimizer_rows", {})
     if opt:
-        out += ["**Chunked floors and bf16-true LoGRA** (`benchmarks/optimizer_memory.py` rows, seq 128 x batch 4):", ""]
+        out += [
+            "**Chunked floors and bf16-true LoGRA** (`benchmarks/optimizer_memory.py` rows, seq 128 x batch 4):",
+            "",
+        ]
         cells = []
         for size, rows in opt.items():
             for name, r in rows.items():

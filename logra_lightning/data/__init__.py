@@ -1,4 +1,4 @@
-"""Prompt sources and the data module (tasks: synthetic arithmetic, reasoning tasks, JSONL, GSM8K/MATH)."""
+"""Prompt sources and the data module (tasks: synthetic arithmetic, reasoning tasks, JSONL, GSM8K/MATH, reasoning-gym)."""
 
 from logra_lightning.data.arithmetic import ArithmeticSource
 from logra_lightning.data.chain_arithmetic import ChainArithmeticSource
@@ -6,6 +6,7 @@ from logra_lightning.data.countdown import CountdownSource
 from logra_lightning.data.jsonl import JSONLSource, read_jsonl_records
 from logra_lightning.data.math import GSM8KSource, MATHSource
 from logra_lightning.data.module import PromptDataModule, collate_records
+from logra_lightning.data.reasoning_gym import ReasoningGymSource
 from logra_lightning.data.sorting import SortingSource
 from logra_lightning.data.source import PromptSource
 
@@ -18,6 +19,7 @@ __all__ = [
     "MATHSource",
     "PromptDataModule",
     "PromptSource",
+    "ReasoningGymSource",
     "SortingSource",
     "collate_records",
     "read_jsonl_records",

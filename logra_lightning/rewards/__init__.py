@@ -4,6 +4,7 @@ from logra_lightning.rewards.answer import AnswerMatchReward
 from logra_lightning.rewards.base import ExactMatchReward, RewardFn, safe_rewards
 from logra_lightning.rewards.countdown import CountdownReward
 from logra_lightning.rewards.math import ExtractedMatchReward, MathVerifyReward
+from logra_lightning.rewards.reasoning_gym import ReasoningGymReward
 
 __all__ = [
     "AnswerMatchReward",
@@ -11,6 +12,7 @@ __all__ = [
     "ExactMatchReward",
     "ExtractedMatchReward",
     "MathVerifyReward",
+    "ReasoningGymReward",
     "RewardFn",
     "safe_rewards",
 ]
