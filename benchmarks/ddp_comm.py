@@ -136,23 +136,11 @@ def _shapes_of(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def _real_shapes(name: str) -> dict[str, tuple[int, ...]]:
-    from logra_lightning.config.checks import matrix_shapes
+    """Every parameter of a real model, by name: built on the meta device from its shape file."""
+    from logra_lightning.models.loading import parameter_shapes
 
-    cfg = json.loads(
-        (Path(__file__).resolve().parents[1] / "logra_lightning/models/shapes" / f"{name}.json").read_text()
-    )
-    shapes = dict(matrix_shapes(cfg))
-    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    shapes["model.norm.weight"] = (h,)
-    for i in range(layers):  # norms and Qwen2's q/k/v biases: dense everywhere
-        shapes[f"model.layers.{i}.input_layernorm.weight"] = (h,)
-        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = (h,)
-        if cfg.get("model_type") == "qwen2":
-            for proj, width in (("q", cfg["num_attention_heads"] * hd), ("k", kv * hd), ("v", kv * hd)):
-                shapes[f"model.layers.{i}.self_attn.{proj}_proj.bias"] = (width,)
-    return shapes
+    shapes = Path(__file__).resolve().parents[1] / "logra_lightning/models/shapes"
+    return parameter_shapes(json.loads((shapes / f"{name}.json").read_text()))
 
 
 def main(argv=None) -> dict:

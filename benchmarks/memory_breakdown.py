@@ -326,7 +326,7 @@ def _summary(rows: list[dict]) -> dict:
 
 
 def section(res: dict) -> tuple[list[str], dict]:
-    """Per row: live tensor peak, RSS peak under both allocators, the slack; then the largest live groups at the peak."""
+    """Per row: live tensor peak, RSS peak under both allocators, the slack; then the largest live groups."""
     out = [command_head(res, end=False), ""]
     rows = []
     for key, s in res["summary"].items():

@@ -317,7 +317,8 @@ def section(res: dict) -> tuple[list[str], dict]:
     """Per size, a table of every row against AdamW; the issue-3 and issue-18 targets and whether they were met."""
     out = [
         f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load (1/5/15 min) at start "
-        f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. Run settings: `{json.dumps(res['run'])}`.",
+        f"{load_text(res['load_start'])}, at end {load_text(res['load_end'])}. "
+        f"Run settings: `{json.dumps(res['run'])}`.",
         "",
     ]
     for size, rows in res["sizes"].items():
@@ -373,9 +374,11 @@ def section(res: dict) -> tuple[list[str], dict]:
     if acc:
         t = res["targets"]
         out += [
-            f"Issue-3 targets ({t['size']}, `{t['row']}`): state ≤ {pct(t['state_ratio_vs_adamw_max'], 0)} of AdamW's → "
+            f"Issue-3 targets ({t['size']}, `{t['row']}`): "
+            f"state ≤ {pct(t['state_ratio_vs_adamw_max'], 0)} of AdamW's → "
             f"{pct(acc['state_ratio_vs_adamw'])} ({'met' if acc['state_ratio_ok'] else 'missed'}); training memory "
-            f"≥ {pct(t['train_memory_reduction_vs_adamw_min'], 0)} below AdamW → {pct(acc['train_memory_reduction_vs_adamw'])} "
+            f"≥ {pct(t['train_memory_reduction_vs_adamw_min'], 0)} below AdamW → "
+            f"{pct(acc['train_memory_reduction_vs_adamw'])} "
             f"({'met' if acc['train_memory_ok'] else 'missed'}); step time ≤ {t['step_time_ratio_vs_adamw_max']}× → "
             f"{acc['step_time_ratio_vs_adamw']:.2f}× wall, {acc['step_cpu_ratio_vs_adamw']:.2f}× CPU time "
             f"({'met' if acc['step_time_ok'] else 'missed'} on wall time; timings on a loaded machine are noisy, "

@@ -71,7 +71,8 @@ DESCRIPTION = {
     "adamw_bf16": "torch.optim.AdamW on bf16 weights (grads and moments bf16, round to nearest)",
     "floor_chunked": "no optimizer, chunked LM head (logits never whole): each grad dropped in its hook (lower bound)",
     "logra_chunked": "LoGRA rank r (as `logra`), loss through the chunked LM head",
-    "logra_bf16_chunked": "LoGRA rank r on bf16 weights, stochastic rounding (as `logra_bf16_stochastic`), chunked LM head",
+    "logra_bf16_chunked": "LoGRA rank r on bf16 weights, stochastic rounding (as `logra_bf16_stochastic`), "
+    "chunked LM head",
 }
 
 

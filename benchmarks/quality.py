@@ -335,7 +335,8 @@ def plot(res: dict, plt):
     ax.set_xlabel("RL step")
     ax.set_ylabel("held-out greedy accuracy (%)")
     ax.set_title(
-        f"Arithmetic RL: mean ± std over seeds {st['seeds']} (lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g})",
+        f"Arithmetic RL: mean ± std over seeds {st['seeds']} "
+        f"(lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g})",
         fontsize=9,
     )
     ax.legend(fontsize=8)

@@ -12,7 +12,7 @@ majority-answer baseline (the accuracy of always giving the held-out set's most 
 The whole table is hours of compute on 2 cores, so it is built one unit at a time; every finished unit is kept
 in ``--work-dir`` and read back with ``--reuse``::
 
-    .venv/bin/python benchmarks/real_model_tasks.py --reuse --max-runs 1   # the next missing unit, then the table so far
+    .venv/bin/python benchmarks/real_model_tasks.py --reuse --max-runs 1   # the next missing unit, the table so far
     .venv/bin/python benchmarks/real_model_tasks.py --reuse                # every missing unit
     .venv/bin/python benchmarks/real_model_tasks.py --quick                # tiny random policy, HF engine, 2 steps (CI)
 
@@ -673,9 +673,8 @@ def headline(found: dict) -> list[str]:
         f"- Real pretrained LLM ({MODEL}, {len(got['tasks'])} reasoning-gym tasks, {got['steps']} RL steps, vLLM): "
         f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%; "
         f"LoGRA's training memory {lo['training_memory_mb']:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
-        f"({100 * (1 - lo['training_memory_mb'] / a['training_memory_mb']):.1f}% lower; paper {100 * PAPER_REDUCTION:.1f}%)"
-        + ("" if got.get("complete") else " (table not complete yet)")
-        + "."
+        f"({100 * (1 - lo['training_memory_mb'] / a['training_memory_mb']):.1f}% lower; "
+        f"paper {100 * PAPER_REDUCTION:.1f}%)" + ("" if got.get("complete") else " (table not complete yet)") + "."
     ]
 
 

@@ -257,7 +257,8 @@ def summary(res: dict) -> dict:
         return round(x["train_peak_bytes"] / y["train_peak_bytes"], 3) if ok else None
 
     out = {
-        "shape": "Qwen2.5-0.5B (random init, vocab 151,936, hidden 896, 24 layers, tied), fp32, activation checkpointing",
+        "shape": "Qwen2.5-0.5B (random init, vocab 151,936, hidden 896, 24 layers, tied), fp32, "
+        "activation checkpointing",
         "tokens": RL["rows"] * (RL["prompt"] + RL["completion"]),
         "adamw_whole_logits_mb": mb(rl.get("adamw_whole")),
         "adamw_whole_logits_planned_mb": round(planned("adamw_whole")["peak_bytes"] / MB, 1),

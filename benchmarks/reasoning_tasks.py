@@ -117,7 +117,7 @@ def with_state_bytes(memory: dict) -> dict:
 
 
 def resummarize(path: Path) -> dict:
-    """Recompute a results file's summary (and ``state_bytes``) from its recorded runs with this code; no run is repeated."""
+    """Recompute a results file's summary (and ``state_bytes``) from its recorded runs; no run is repeated."""
     res = json.loads(path.read_text())
     for run in res["runs"]:
         if run.get("ok"):
@@ -527,12 +527,13 @@ def headline(found: dict) -> list[str]:
         f"training memory **{100 * red['mean']:.1f}% ± {100 * red['std']:.1f}% below AdamW** on average (paper: "
         f"{100 * PAPER_REDUCTION:.1f}%), held-out accuracy after RL {pts['mean']:+.1f} points vs AdamW "
         f"(RL itself moved it {_rl_gain(logra):+.1f} points for LoGRA, "
-        f"{_rl_gain(got['average']['adamw']):+.1f} for AdamW) ([table](#reasoning-tasks-the-papers-table-training-memory-at-equal-accuracy))."
+        f"{_rl_gain(got['average']['adamw']):+.1f} for AdamW) "
+        "([table](#reasoning-tasks-the-papers-table-training-memory-at-equal-accuracy))."
     ]
 
 
 def plot(res: dict, plt):
-    """Trainer peak RSS, training memory and held-out accuracy after RL, per task and row (error bars: std over seeds)."""
+    """Trainer peak RSS, training memory and held-out accuracy after RL, per task and row (error bars: std)."""
     per_task = res["summary"]["per_task"]
     tasks = list(per_task)
     rows = list(dict.fromkeys(row for t in tasks for row in per_task[t]))

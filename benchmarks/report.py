@@ -60,7 +60,7 @@ def load_text(load: dict | None) -> str:
 
 
 def command_head(res: dict, end: bool = True) -> str:
-    """``Command: `...` — N s, load at start A, at end B.`` (``end=False``: without the end load), the start of a section."""
+    """The start of a section: ``Command: `...` — N s, load at start A, at end B.`` (``end=False``: no end load)."""
     text = f"Command: `{res['command']}` — {res['wall_seconds']:.0f} s, load at start {load_text(res['load_start'])}"
     return text + (f", at end {load_text(res['load_end'])}." if end else ".")
 

@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
     Path(server_log).unlink(missing_ok=True)
     t0, load_start = time.perf_counter(), load_average()
 
-    from logra_lightning.rollout.vllm_http import ServerClient
+    from logra_lightning.rollout.vllm.client import ServerClient
 
     start_server(port, pid_file, server_log)
     server_start = ServerClient(url).wait_until_up(600)

@@ -466,7 +466,8 @@ def section(res: dict) -> tuple[list[str], dict]:
                 size,
                 num(r["params"] / 1e6, ".1f"),
                 f"{full['bytes'] / 1e6:.0f} MB, {full['seconds_median']:.2f} s",
-                f"{r['lowrank_sync']['bytes'] / 1e6:.1f} MB ({r['bytes_ratio']:.3f}), {num(r['lowrank_sync']['seconds_median'], '.2f')} s",
+                f"{r['lowrank_sync']['bytes'] / 1e6:.1f} MB ({r['bytes_ratio']:.3f}), "
+                f"{num(r['lowrank_sync']['seconds_median'], '.2f')} s",
                 f"{co['float32']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['float32']:.3f}), "
                 f"{num(co['float32']['seconds_median'], '.2f')} s",
                 f"{co['bfloat16']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['bfloat16']:.3f}), "
@@ -669,7 +670,8 @@ def headline(found: dict) -> list[str]:
     worst = max(per_step.values())
     return [
         f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: a step's sync sends **{worst:.3f}×** "
-        f"the bytes of a full sync in fp32 ({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
+        f"the bytes of a full sync in fp32 "
+        f"({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
         f"in bf16), averaged over a refresh period ({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
         f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."
     ] + _sparse_headline(s)

@@ -38,7 +38,7 @@ import lightning as L
 from typing_extensions import override
 
 from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
-from logra_lightning.rollout.vllm import VLLMEngineSpec  # imports vllm itself only when an engine is built
+from logra_lightning.rollout.vllm.engine import VLLMEngineSpec  # imports vllm itself only when an engine is built
 
 FILE = "memory.json"
 

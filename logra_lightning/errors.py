@@ -14,7 +14,7 @@ class DataError(LograError, ValueError):
 
 
 class TrainingError(LograError, RuntimeError):
-    """Training stopped on purpose (a failed component, too many skipped steps); the message names the step and what to do."""
+    """Training stopped on purpose (a failed component, too many skipped steps); its message names the step, the fix."""
 
 
 class CheckpointError(LograError, OSError):

@@ -278,7 +278,8 @@ def format_summary(report: dict[str, Any]) -> str:
     """The printed summary: one block per part, then the verdict."""
     m = report["machine"]
     lines = [
-        f"gpu_check ({report['mode']}, {report['settings'].get('engine', 'vllm')} engine): {m.get('device_name')} ({_fmt(m.get('device_memory_gb'), '.1f')} GB), "
+        f"gpu_check ({report['mode']}, {report['settings'].get('engine', 'vllm')} engine): "
+        f"{m.get('device_name')} ({_fmt(m.get('device_memory_gb'), '.1f')} GB), "
         f"torch {m.get('torch')}, vllm {m.get('vllm')}; {report['wall_seconds']:.0f} s wall "
         f"(install {_fmt(report['install'].get('seconds'), '.0f')} s)"
     ]

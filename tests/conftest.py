@@ -42,7 +42,7 @@ def hf_greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int = 5)
 
 
 def vllm_greedy_answers(model_dir, prompts: list[str], max_tokens: int = 5) -> list[str]:
-    """Greedy answers of a plain ``vllm.LLM(model=DIR)`` (its own tokenizer, text prompts), as ``vllm serve DIR`` loads it."""
+    """Greedy answers of a plain ``vllm.LLM(model=DIR)`` (own tokenizer, text prompts), as ``vllm serve`` does."""
     import vllm
 
     llm = vllm.LLM(

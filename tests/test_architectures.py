@@ -10,22 +10,21 @@ vLLM); ``make test-all`` runs all seven. The recorded numbers: ``benchmarks/resu
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from logra_lightning.errors import ConfigError
+from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
+from logra_lightning.models.architectures import ARCHITECTURES, tiny_hf_config, untested_warning
+from logra_lightning.optim import LoGRA
+from logra_lightning.optim.groups import logra_param_groups
+from logra_lightning.rollout.base import LowRankUpdate
+from logra_lightning.rollout.checkpoint_names import CheckpointNames
 
-from logra_lightning.errors import ConfigError  # noqa: E402
-from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy  # noqa: E402
-from logra_lightning.models.architectures import ARCHITECTURES, tiny_hf_config, untested_warning  # noqa: E402
-from logra_lightning.optim import LoGRA  # noqa: E402
-from logra_lightning.optim.groups import logra_param_groups  # noqa: E402
-from logra_lightning.rollout.base import LowRankUpdate  # noqa: E402
-from logra_lightning.rollout.checkpoint_names import CheckpointNames  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 FAST = ("phi3", "qwen3_moe")

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import (  # noqa: E402
+from benchmarks import (
     kl_control,
     make_readme,
     optimizer_memory,
@@ -28,6 +24,9 @@ from benchmarks import (  # noqa: E402
     reasoning_tasks,
     trl_grpo,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 MEMORY_ROW_FIELDS = {
     "train_peak_bytes",

@@ -18,17 +18,16 @@ import sys
 import time
 from pathlib import Path
 
+import gpu_check
+import gpu_check_models as gm
+import gpu_check_report as rep
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 BASH = shutil.which("bash") or "/bin/bash"
-sys.path.insert(0, str(ROOT / "scripts"))
 
-import gpu_check  # noqa: E402
-import gpu_check_models as gm  # noqa: E402
-import gpu_check_report as rep  # noqa: E402
 
 DRY = gpu_check.SETTINGS["dry"]
 

@@ -52,7 +52,7 @@ class Record(L.Callback):
 
 
 def one_step(**kwargs):
-    """Two PPO epochs (so ratios, clipping and the reference KL move) of one RL step with SGD: the update is the gradient."""
+    """Two PPO epochs (ratios, clipping and the reference KL move) of one RL step with SGD (update = gradient)."""
     module = PolicyGradientModule(
         "builtin:arithmetic-tiny",
         optimizer=partial(torch.optim.SGD, lr=0.01),

@@ -107,7 +107,8 @@ CONFIG_FILES = [
     (
         "unset_env",
         "model:\n  group_size: ${oc.env:LOGRA_TEST_UNSET_VARIABLE}\n",
-        r"model.group_size: interpolation cannot be resolved: Environment variable 'LOGRA_TEST_UNSET_VARIABLE' not found "
+        r"model.group_size: interpolation cannot be resolved: "
+        r"Environment variable 'LOGRA_TEST_UNSET_VARIABLE' not found "
         r"\(--config .*unset_env.yaml\)",
     ),
     (
@@ -506,7 +507,8 @@ LOGRA_CONFIG = str(ROOT / "configs" / "arithmetic_tiny_logra.yaml")
         (
             [{"params": [0, 1], "lr": 1e-4}],
             LOGRA_CONFIG,
-            r"its optimizer state was written by a dense optimizer \(no low-rank groups\), but model.optimizer is LoGRA "
+            r"its optimizer state was written by a dense optimizer \(no low-rank groups\), "
+            r"but model.optimizer is LoGRA "
             r"with rank 16; resume with the optimizer settings that wrote it",
         ),
         (

@@ -48,7 +48,8 @@ def no_model(monkeypatch):
     [
         (
             [*LOGRA, "--model.optimizer.init_args.rank", "200"],
-            r"model.optimizer.init_args.rank=200: larger than the smaller side of model.embed_tokens.weight \[128, 256\] "
+            r"model.optimizer.init_args.rank=200: larger than the smaller side of "
+            r"model.embed_tokens.weight \[128, 256\] "
             r"in builtin:arithmetic-tiny; allowed 1 <= rank <= 128",
         ),
         ([*LOGRA, "--model.optimizer.init_args.rank", "0"], r"model.optimizer.init_args.rank=0: allowed integers >= 1"),
@@ -133,7 +134,7 @@ def test_rank_check_sees_fused_and_expert_weights(tmp_path, family):
 
 
 def test_prompt_longer_than_engine_context_fails_before_the_policy_is_built(tmp_path, tiny_policy_path, monkeypatch):
-    from logra_lightning.rollout.vllm import VLLMEngineSpec
+    from logra_lightning.rollout.vllm.engine import VLLMEngineSpec
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in ["1+0=", "12345+67890=", "2+2="]))
@@ -335,7 +336,7 @@ def test_the_prompt_length_check_sees_the_chat_template(tmp_path, tiny_policy_pa
     import shutil
 
     from logra_lightning.models import load_tokenizer
-    from logra_lightning.rollout.vllm import VLLMEngineSpec
+    from logra_lightning.rollout.vllm.engine import VLLMEngineSpec
 
     chat = tmp_path / "chat_model"
     shutil.copytree(tiny_policy_path, chat)

@@ -28,8 +28,8 @@ from logra_lightning.callbacks.weight_sync import LowRankWeightSync
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 from logra_lightning.optim import LoGRA
 from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
-from logra_lightning.rollout.vllm import VLLMEngineSpec, import_vllm
-from logra_lightning.rollout.vllm_worker import add_through_loader_, trace_targets
+from logra_lightning.rollout.vllm.engine import VLLMEngineSpec, import_vllm
+from logra_lightning.rollout.vllm.worker import add_through_loader_, trace_targets
 
 torch.set_num_threads(1)
 
@@ -335,7 +335,7 @@ def test_parameters_vllm_would_not_load_are_named_at_start_up(engine_env):
 
 @pytest.mark.vllm
 def test_bad_engine_option_fails_with_what_to_change(engine_env):
-    from logra_lightning.rollout.vllm import VLLMEngine
+    from logra_lightning.rollout.vllm.engine import VLLMEngine
 
     with pytest.raises(RuntimeError, match="could not start.*max_model_len"):
         VLLMEngine(engine_env.path, engine_env.tok, max_model_len=100_000)

@@ -1,4 +1,4 @@
-"""Rollouts from a real ``vllm serve`` process (started with ``logra serve``), synced through vLLM's weight-transfer API.
+"""Rollouts from a real ``vllm serve`` process (``logra serve``), synced through vLLM's weight-transfer API.
 
 One server (the demo's ``builtin:arithmetic-tiny``, fp32, CPU build here) is started per module
 and shared; every test that changes its weights starts with a full sync. The restart test starts
@@ -22,8 +22,8 @@ import torch
 
 from logra_lightning.cli import serve
 from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
-from logra_lightning.rollout.vllm_http import ServerClient, ServerUnreachable
-from logra_lightning.rollout.vllm_server import VLLMServerEngineSpec
+from logra_lightning.rollout.vllm.client import ServerClient, ServerUnreachable
+from logra_lightning.rollout.vllm.server import VLLMServerEngineSpec
 
 torch.set_num_threads(1)
 
@@ -80,7 +80,7 @@ def test_spec_checks_its_options():
         VLLMServerEngineSpec(transfer_backend="tcp")
     assert serve.server_args(["--logprobs-mode", "raw_logprobs"], cpu=False).count("--logprobs-mode") == 1
     if not torch.cuda.is_available():
-        from logra_lightning.rollout.vllm_sender import LowRankSender
+        from logra_lightning.rollout.vllm.sender import LowRankSender
 
         with pytest.raises(ValueError, match="transfer_backend='nccl' .* no GPU: set .*'gloo'"):
             LowRankSender(client=None, backend="nccl")

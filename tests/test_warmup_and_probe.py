@@ -111,7 +111,8 @@ def test_module_probe_base_logits_come_from_the_old_logprob_pass(tiny_policy_pat
 _RESOLVE = """
 import dataclasses, sys
 from logra_lightning.builtin import registry as warmup
-warmup.BUILTIN_MODELS["lock-test"] = dataclasses.replace(warmup.BUILTIN_MODELS["arithmetic-tiny-raw"], steps=3, test_size=8)
+raw = warmup.BUILTIN_MODELS["arithmetic-tiny-raw"]
+warmup.BUILTIN_MODELS["lock-test"] = dataclasses.replace(raw, steps=3, test_size=8)
 print("PATH", warmup.resolve_model("builtin:lock-test"), flush=True)
 """
 

@@ -83,7 +83,8 @@ TASKS = {
     "sorting": (SortingSource, "logra_lightning.rewards.AnswerMatchReward"),
 }
 # The suite's problem ranges (source arguments), sized so that the 20M policy learns each task in the warm-up
-# budget of this machine (module doc, "Cost"); configs/reasoning_<task>.yaml use the same (tests/test_reasoning_tasks.py).
+# budget of this machine (module doc, "Cost"); configs/reasoning_<task>.yaml use the same
+# (tests/test_reasoning_tasks.py).
 TASK_ARGS = {
     "arithmetic": {"digits": 2, "ops": "+-", "train_size": 8000},
     "countdown": {"max_number": 12, "max_target": 60, "train_size": 2500},
@@ -134,7 +135,8 @@ class ReasoningWarmupConfig:
     threads: int = 2  # torch threads of the warm-up (results differ in the last bits between thread counts)
     eval_max_new_tokens: int = 40
     model: TinyModelConfig = field(default_factory=lambda: REASONING_20M)
-    # A second stage: the built-in model (a name in builtin.registry.BUILTIN_MODELS, same tokenizer settings) whose weights
+    # A second stage: the built-in model (a name in builtin.registry.BUILTIN_MODELS, same tokenizer settings)
+    # whose weights
     # start this warm-up instead of the random init; its own lr schedule runs again from the start.
     init_from: str | None = None
 

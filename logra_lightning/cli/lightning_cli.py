@@ -12,9 +12,9 @@ parsed config (values out of range fail with the key, the value and the allowed 
 version directory, which is empty). The resumed run logs to a new ``version_N``.
 
 Every mistake a user makes at start-up ends in one line, ``logra: error: ...``, and exit status 2
-(:func:`~logra_lightning.cli.main.main`): ``--config`` files are checked before parsing (missing, unreadable, invalid YAML with
-``file:line:column``), jsonargparse's errors (unknown keys, wrong types, unknown classes) are
-turned into one line, ``--ckpt_path`` is checked before Lightning reads it
+(:func:`~logra_lightning.cli.main.main`): ``--config`` files are checked before parsing (missing,
+unreadable, invalid YAML with ``file:line:column``), jsonargparse's errors (unknown keys, wrong types,
+unknown classes) are turned into one line, ``--ckpt_path`` is checked before Lightning reads it
 (:func:`~logra_lightning.io.checkpoint.check_checkpoint_path`), and model paths, log and export
 directories in :func:`~logra_lightning.config.checks.validate_fit_config`. ``logra fit --export DIR``
 adds :class:`~logra_lightning.callbacks.ExportPolicy`; the progress bar is
@@ -226,7 +226,8 @@ class LograCLI(LightningCLI):
         except Exception as err:  # noqa: BLE001 - torch.load of a damaged file, hyperparameters that do not parse
             path = self.config[self.config.subcommand].get("ckpt_path")
             raise ConfigError(
-                f"--ckpt_path {path}: cannot be read, or its hyperparameters do not fit this config ({type(err).__name__}: "
+                f"--ckpt_path {path}: cannot be read, or its hyperparameters do not fit this config "
+                f"({type(err).__name__}: "
                 f"{' '.join(str(err).split())[:200]})"
             ) from None
 

@@ -1,4 +1,4 @@
-"""``logra serve``: a vLLM server that a LoGRA trainer can sample from and keep in sync (``vllm serve`` + what it needs).
+"""``logra serve``: a vLLM server that a LoGRA trainer samples from and keeps in sync (``vllm serve`` + what it needs).
 
 Run (the engine side of docs/server_engine.md)::
 
@@ -30,7 +30,7 @@ import os
 import shlex
 import sys
 
-from logra_lightning.rollout.vllm_plugin import BACKEND
+from logra_lightning.rollout.vllm.plugin import BACKEND
 
 ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         assigns = " ".join(f"{k}={v}" for k, v in env.items())
         print(f"{assigns} vllm serve {shlex.quote(model)} {shlex.join(flags)}")
         return 0
-    from logra_lightning.rollout.vllm_plugin import check_installed
+    from logra_lightning.rollout.vllm.plugin import check_installed
 
     check_installed()
     os.environ.update(ENV)  # the RL routes are the point
@@ -111,7 +111,7 @@ def spawn(model: str, port: int, *extra: str, log_path: str | None = None, env: 
 
     For scripts and tests that need a server beside the trainer (the benchmark, the restart test).
     Stop it with ``os.killpg(proc.pid, signal.SIGTERM)`` (the session holds vLLM's engine processes
-    too); wait for it with :meth:`~logra_lightning.rollout.vllm_http.ServerClient.wait_until_up`.
+    too); wait for it with :meth:`~logra_lightning.rollout.vllm.client.ServerClient.wait_until_up`.
 
     Returns:
         The ``subprocess.Popen`` of the server (stdout and stderr to ``log_path``, or discarded).

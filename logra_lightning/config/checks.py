@@ -23,9 +23,10 @@ Where each check runs, and why there:
 3. A hub model name whose config is not in the local Hugging Face cache cannot be read
    offline; its rank check is left to LoGRA, which raises when the optimizer is built (the
    module turns that into a ``ConfigError`` too).
-4. **Before parsing** (:func:`~logra_lightning.config.files.check_config_files`, from :func:`~logra_lightning.cli.main`): every
-   ``--config`` file exists, is readable, is valid YAML (the error names ``file:line:column``)
-   and holds a mapping; jsonargparse's own messages for these are a traceback-like dump.
+4. **Before parsing** (:func:`~logra_lightning.config.files.check_config_files`, from
+   :func:`~logra_lightning.cli.main`): every ``--config`` file exists, is readable, is valid YAML
+   (the error names ``file:line:column``) and holds a mapping;
+   jsonargparse's own messages for these are a traceback-like dump.
 5. **Paths, before instantiation**: the model spec (:func:`~logra_lightning.config.model_spec.check_model_spec`:
    missing, empty, not-a-model directories, hub ids that are neither cached nor reachable),
    the logger's ``save_dir`` and an export directory must be writable, and a vLLM engine needs vLLM
@@ -102,7 +103,9 @@ def check_rank(
     exclude: Any = None,
     key: str = "model.optimizer.init_args.rank",
 ) -> None:
-    """``rank`` must not exceed the smaller side of any matrix LoGRA makes low-rank (:func:`~logra_lightning.optim.groups.rank_limit`).
+    """``rank`` must not exceed the smaller side of any matrix LoGRA makes low-rank.
+
+    The rule is :func:`~logra_lightning.optim.groups.rank_limit`.
 
     Raises:
         ConfigError: naming the key, the rank, the smallest such matrix and the allowed range.

@@ -1,4 +1,4 @@
-"""Prompt sources and the data module (tasks: synthetic arithmetic, reasoning tasks, JSONL, GSM8K/MATH, reasoning-gym)."""
+"""Prompt sources and the data module (synthetic arithmetic, reasoning tasks, JSONL, GSM8K/MATH, reasoning-gym)."""
 
 from logra_lightning.data.arithmetic import ArithmeticSource
 from logra_lightning.data.chain_arithmetic import ChainArithmeticSource

@@ -175,7 +175,7 @@ def check_export_dir(out: str | os.PathLike, key: str = "--out") -> None:
 
 
 def save_export(model, tokenizer, out: str | os.PathLike, provenance: Mapping[str, Any]) -> Path:
-    """Write ``model`` (safetensors), its config and generation config, ``tokenizer`` and ``logra_export.json`` to ``out``.
+    """Write ``model`` (safetensors), its config and generation config, ``tokenizer``, ``logra_export.json`` to ``out``.
 
     Written into a temporary directory next to ``out`` and renamed into place.
 

@@ -44,7 +44,7 @@ PositionLogits = Callable[[torch.nn.Module, "PackedBatch", torch.Tensor, torch.T
 
 
 def whole_logits_at(policy: torch.nn.Module, batch: PackedBatch, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """The model's logits ``[M, V]`` (fp32) at target positions ``(rows, pos)``, through its whole ``[n, L, V]`` logits."""
+    """The model's logits ``[M, V]`` (fp32) at target positions ``(rows, pos)``, via its whole ``[n, L, V]`` logits."""
     logits = policy(input_ids=batch.ids, attention_mask=batch.attention_mask).logits  # [R, L, V]
     return logits[rows, pos].float()
 

@@ -51,7 +51,8 @@ Example::
     >>> lora = LoRA(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
     >>> policy = lora.attach(policy)
     >>> opt = lora.wrap_optimizer(torch.optim.AdamW([(n, p) for n, p in policy.named_parameters() if p.requires_grad]))
-    >>> sum(p.numel() for g in opt.param_groups for p in g["params"])  # q: A [4, 32] + B [32, 4]; v: A [4, 32] + B [16, 4]
+    >>> # q: A [4, 32] + B [32, 4]; v: A [4, 32] + B [16, 4]
+    >>> sum(p.numel() for g in opt.param_groups for p in g["params"])
     448
 """
 

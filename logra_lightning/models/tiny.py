@@ -1,4 +1,4 @@
-"""Tiny policies built locally (Qwen2 by default, any family in :mod:`~logra_lightning.models.architectures`), and loading of real ones.
+"""Tiny policies built locally (Qwen2 by default, any family in :mod:`~logra_lightning.models.architectures`).
 
 Nothing here downloads: :func:`build_tiny_model` writes a normal Hugging Face
 directory (``config.json``, ``model.safetensors``, ``tokenizer.json``) that both

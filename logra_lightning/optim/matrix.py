@@ -240,7 +240,7 @@ class LowRankMatrix:
         return omega
 
     def full_range(self, y: torch.Tensor) -> torch.Tensor:
-        """The whole range sketch: ``sum_i G_i.T @ Omega_i`` (right) or the rows ``G_i @ Omega`` of every rank (left)."""
+        """The whole range sketch: ``sum_i G_i.T @ Omega_i`` (right), or ``G_i @ Omega`` of all ranks (left)."""
         if self.shard is None:
             return y
         if self.side == "right":

@@ -69,7 +69,7 @@ def write_fit_summary(
 
 
 class HeldOutEvaluation:
-    """The evaluation hooks of :class:`~logra_lightning.rl.module.PolicyGradientModule` (a mixin before ``LightningModule``).
+    """The evaluation hooks of :class:`~logra_lightning.rl.module.PolicyGradientModule` (a mixin).
 
     Uses the module's ``engine``, ``tokenizer``, ``policy``, ``_score``, ``hparams`` (``eval_max_new_tokens``,
     ``max_new_tokens``, ``correct_reward``), ``val_accuracy`` and ``test_accuracy`` (``MeanMetric``) and

@@ -33,7 +33,8 @@ Departures from GRPO as published are listed in :mod:`logra_lightning.rl.loss`. 
 
 Faults (a bad sample, a NaN, an empty batch, a failing engine) cost a step, not the run; the
 behaviour for each is tabulated in :mod:`logra_lightning.rl.faults`. Held-out evaluation is
-:class:`~logra_lightning.rl.evaluation.HeldOutEvaluation`; argument checks, :func:`~logra_lightning.config.checks.check_module_args`.
+:class:`~logra_lightning.rl.evaluation.HeldOutEvaluation`; argument checks,
+:func:`~logra_lightning.config.checks.check_module_args`.
 
 Logged metrics:
     ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
@@ -354,7 +355,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         )
 
     def _loss_and_backward(self, traj: Trajectory, epoch: int, stats: dict[str, float]) -> bool:
-        """One PPO epoch: loss and ``manual_backward`` per micro-batch; adds its stats; False if a loss was not finite."""
+        """One PPO epoch: loss and ``manual_backward`` per micro-batch; False if a loss was not finite."""
         hp, finite = self.hparams, True
         cfg = LossConfig(clip_low=hp.clip_low, clip_high=hp.clip_high, kl_coef=hp.kl_coef)
         for rows in self._plan_micro_batches(traj.seqs):

@@ -12,7 +12,7 @@ dropped: a resumed run refills the pipeline with its first batch.
 Correction: the loss weights each token by ``min(pi_trainer / pi_engine, tis_cap)`` (TIS), with
 ``pi_engine`` the sampling logprob the engine reported, so ``tis_cap`` is required. The lag (in
 syncs) of each trained rollout is logged as ``rollout/policy_lag`` when the engine reports weight
-versions (:meth:`~logra_lightning.rollout.vllm_server.VLLMServerEngine.policy_lag`).
+versions (:meth:`~logra_lightning.rollout.vllm.server.VLLMServerEngine.policy_lag`).
 
 Example::
 

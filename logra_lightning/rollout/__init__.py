@@ -6,13 +6,13 @@ first access, so importing this package never imports vLLM (which is optional an
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, RolloutEngine, SamplingConfig
 from logra_lightning.rollout.hf import HFEngine, HFEngineSpec
-from logra_lightning.rollout.vllm_options import VLLMOptions
+from logra_lightning.rollout.vllm.options import VLLMOptions
 
 _LAZY = {
-    "VLLMEngine": "vllm",
-    "VLLMEngineSpec": "vllm",
-    "VLLMServerEngine": "vllm_server",
-    "VLLMServerEngineSpec": "vllm_server",
+    "VLLMEngine": "vllm.engine",
+    "VLLMEngineSpec": "vllm.engine",
+    "VLLMServerEngine": "vllm.server",
+    "VLLMServerEngineSpec": "vllm.server",
 }
 
 __all__ = [

@@ -9,8 +9,8 @@ layout, so a sync must speak it too.
 :class:`CheckpointNames` asks transformers itself how (``revert_weight_conversion``,
 what ``save_pretrained`` runs), once, on *probe* tensors: each trainer parameter
 viewed as a matrix ``[rows, n]`` (leading dims flattened) is replaced by two columns of
-its row numbers ``[..., 2]`` (the second + 0.5, to see a transpose). Whatever comes out says, for each checkpoint tensor,
-which trainer rows it is made of, so a dense value is a row gather and a low-rank
+its row numbers ``[..., 2]`` (the second + 0.5, to see a transpose). Whatever comes out says, for each
+checkpoint tensor, which trainer rows it is made of, so a dense value is a row gather and a low-rank
 update ``c*W + L@R`` is ``c*W_k + L[rows_k] @ R`` per checkpoint tensor ``k``.
 Conversions that mix the last dimension (a transpose) or merge several trainer
 parameters into one checkpoint tensor cannot be expressed that way and are refused

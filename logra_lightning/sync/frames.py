@@ -1,7 +1,7 @@
 """One weight-sync message as a JSON-able header plus one flat byte buffer: what crosses to the engine's workers.
 
 The engines send a sync through vLLM's weight-transfer API
-(:mod:`~logra_lightning.rollout.vllm_transfer`): the header travels through the control plane
+(:mod:`~logra_lightning.rollout.vllm.transfer`): the header travels through the control plane
 (``LLM.update_weights`` or the ``/update_weights`` route of ``vllm serve``) and the buffer through a
 torch.distributed broadcast (gloo on CPU, NCCL on GPU, :mod:`~logra_lightning.sync.channel`), so the
 tensors never become HTTP bodies. :func:`encode` lays every tensor of a list of

@@ -5,7 +5,7 @@ core, workers) before it builds anything, so ``--weight-transfer-config '{"backe
 works for ``vllm serve`` as for ``vllm.LLM``. ``pyproject.toml`` declares it::
 
     [project.entry-points."vllm.general_plugins"]
-    logra = "logra_lightning.rollout.vllm_plugin:register"
+    logra = "logra_lightning.rollout.vllm.plugin:register"
 
 The registration is lazy (a module path), so processes that never build the backend do not
 import it; vLLM may call :func:`register` more than once per process.
@@ -18,12 +18,12 @@ PLUGIN = "logra"  # the entry point's name (what VLLM_PLUGINS would list)
 
 
 def register() -> None:
-    """Register :class:`~logra_lightning.rollout.vllm_transfer.LowRankTransferEngine` as ``"logra"`` (idempotent)."""
+    """Register :class:`~logra_lightning.rollout.vllm.transfer.LowRankTransferEngine` as ``"logra"`` (idempotent)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(
-            BACKEND, "logra_lightning.rollout.vllm_transfer", "LowRankTransferEngine"
+            BACKEND, "logra_lightning.rollout.vllm.transfer", "LowRankTransferEngine"
         )
 
 

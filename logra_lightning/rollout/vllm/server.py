@@ -12,7 +12,7 @@ and the rest of the run is unchanged: the same :class:`~logra_lightning.rollout.
 (prompt token ids in; completion token ids and the sampling logprob of each token out, from
 ``/inference/v1/generate``), and :class:`~logra_lightning.callbacks.LowRankWeightSync` sends its
 full, low-rank and coefficient-only syncs the same way. Each sync is LoGRA's backend of vLLM's
-weight-transfer API (:mod:`~logra_lightning.rollout.vllm_transfer`): control through the server's
+weight-transfer API (:mod:`~logra_lightning.rollout.vllm.transfer`): control through the server's
 routes, tensors by a gloo/NCCL broadcast, generation paused (``/pause?mode=wait``: running
 requests finish on the old weights; caches cleared) and resumed around each update. Every sync
 gets a weight version (``<session>:<n>``) that the server reports with each sampled token, so a
@@ -21,7 +21,7 @@ rollout knows which policy produced it (:attr:`Rollout.policy_version`; :meth:`p
 Faults:
 
 1. Nothing answers at ``url`` when the engine is built (within ``connect_timeout_s``): one
-   :class:`~logra_lightning.rollout.vllm_http.ServerUnreachable` naming the URL and how to start a
+   :class:`~logra_lightning.rollout.vllm.client.ServerUnreachable` naming the URL and how to start a
    server. A server without the routes or the backend this needs: one error naming the flag.
 2. The server stops answering, or comes back as a new process, mid-run (a failed rollout or
    sync, or a rollout whose tokens carry another weight version): the engine waits for it
@@ -58,10 +58,10 @@ import torch
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
-from logra_lightning.rollout.vllm_http import ServerClient, ServerError, ServerUnreachable
-from logra_lightning.rollout.vllm_options import SYNC_MODES, TRANSFER_BACKENDS
-from logra_lightning.rollout.vllm_plugin import BACKEND
-from logra_lightning.rollout.vllm_sender import LowRankSender, TransferError
+from logra_lightning.rollout.vllm.client import ServerClient, ServerError, ServerUnreachable
+from logra_lightning.rollout.vllm.options import SYNC_MODES, TRANSFER_BACKENDS
+from logra_lightning.rollout.vllm.plugin import BACKEND
+from logra_lightning.rollout.vllm.sender import LowRankSender, TransferError
 from logra_lightning.sync.channel import local_address
 
 GENERATE_ROUTE = "/inference/v1/generate"
@@ -101,7 +101,7 @@ class VLLMServerEngine:
         transfer_address: this host's address as the server's workers reach it; ``None``: the
             address of the route to the server.
         transfer_port: the port this process listens on for the workers (0: any free one).
-        sync_mode: the workers' sync mode (:class:`~logra_lightning.rollout.vllm_options.VLLMOptions`).
+        sync_mode: the workers' sync mode (:class:`~logra_lightning.rollout.vllm.options.VLLMOptions`).
         chunk_mb: largest message per ``/update_weights`` call.
         max_concurrency: requests in flight at once (one per prompt).
 

@@ -3,11 +3,11 @@
 :class:`LowRankSender` talks to the engine through a *client* with vLLM's control-plane methods
 (``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
 ``finish_weight_update``; vLLM's ``VLLMWeightSyncClient`` protocol): :class:`LLMClient` for an
-in-process ``vllm.LLM``, :class:`~logra_lightning.rollout.vllm_http.ServerClient` for a
+in-process ``vllm.LLM``, :class:`~logra_lightning.rollout.vllm.client.ServerClient` for a
 ``vllm serve`` process. The tensors go through a :class:`~logra_lightning.sync.channel.Channel`
 the sender hosts (rank 0); the workers block inside ``init``/``update_weights`` until the matching
 rendezvous/broadcast, so each control call runs on a side thread while this thread does its half
-(:func:`together`). The worker side is :mod:`~logra_lightning.rollout.vllm_transfer`.
+(:func:`together`). The worker side is :mod:`~logra_lightning.rollout.vllm.transfer`.
 
 Example::
 
@@ -141,7 +141,7 @@ class LowRankSender:
     def init(self, mode: str = "auto", expected: list[tuple[str, tuple[int, ...]]] | None = None) -> dict:
         """(Re)initialize the transfer: a new group with the workers; returns the first worker's report.
 
-        The report (:class:`~logra_lightning.rollout.vllm_worker.LowRankApplier`'s) names under
+        The report (:class:`~logra_lightning.rollout.vllm.worker.LowRankApplier`'s) names under
         ``"unplaced"`` the ``expected`` tensors vLLM would not load.
         """
         self.close()

@@ -35,7 +35,7 @@ class VLLMOptions:
     Args:
         dtype: engine dtype; ``"float32"`` to compare logprobs with an fp32 trainer.
         max_model_len: longest prompt + completion; ``None`` = the model's maximum.
-        kv_cache_space_gb: KV-cache size on CPU (see :mod:`logra_lightning.rollout.vllm`); ignored on GPU.
+        kv_cache_space_gb: KV-cache size on CPU (see :mod:`logra_lightning.rollout.vllm.engine`); ignored on GPU.
         gpu_memory_utilization: fraction of GPU memory vLLM may take (trainer shares the GPU).
         tensor_parallel_size: vLLM tensor parallelism.
         enforce_eager: skip CUDA graphs / ``torch.compile`` (saves start-up time).
@@ -87,7 +87,8 @@ class VLLMOptions:
             raise ValueError(f"Invalid sync_mode: {self.sync_mode!r} (allowed: {', '.join(map(repr, SYNC_MODES))})")
         if self.transfer_backend not in TRANSFER_BACKENDS:
             raise ValueError(
-                f"Invalid transfer_backend: {self.transfer_backend!r} (allowed: {', '.join(map(repr, TRANSFER_BACKENDS))})"
+                f"Invalid transfer_backend: {self.transfer_backend!r} "
+                f"(allowed: {', '.join(map(repr, TRANSFER_BACKENDS))})"
             )
         if not self.chunk_mb > 0:
             raise ValueError(f"Invalid chunk_mb: {self.chunk_mb} (must be > 0)")

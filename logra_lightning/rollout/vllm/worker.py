@@ -1,7 +1,7 @@
 """Worker side of the low-rank weight sync: applies ``W <- c*W + L@R`` inside vLLM's workers.
 
 :class:`LowRankApplier` is what LoGRA's weight-transfer backend
-(:class:`~logra_lightning.rollout.vllm_transfer.LowRankTransferEngine`, vLLM's
+(:class:`~logra_lightning.rollout.vllm.transfer.LowRankTransferEngine`, vLLM's
 ``--weight-transfer-config '{"backend": "logra"}'``) builds in every worker when the trainer
 initializes the transfer, and what it hands each received message to.
 
@@ -53,7 +53,7 @@ from contextlib import contextmanager
 
 import torch
 
-from logra_lightning.rollout.vllm_options import quiet_loggers
+from logra_lightning.rollout.vllm.options import quiet_loggers
 from logra_lightning.sync.wire import BasisCache, LowRankUpdate
 
 _MODES = ("auto", "inplace", "reload")
@@ -233,14 +233,14 @@ class _SyncState:
 class LowRankApplier:
     """Applies syncs to one worker's model: every method runs in that vLLM worker process.
 
-    Built by the weight-transfer backend (:class:`~logra_lightning.rollout.vllm_transfer.LowRankTransferEngine`)
+    Built by the weight-transfer backend (:class:`~logra_lightning.rollout.vllm.transfer.LowRankTransferEngine`)
     when the trainer initializes the transfer: it maps every checkpoint tensor to its vLLM
     parameters and picks, per vLLM module, in place or shadow + reload (the module notes).
 
     Args:
         model: the worker's vLLM model.
         vllm_config: the engine's config (the checkpoint to read the shadow from, reloads).
-        mode: ``"auto"``, ``"inplace"`` or ``"reload"`` (:class:`~logra_lightning.rollout.vllm_options.VLLMOptions`).
+        mode: ``"auto"``, ``"inplace"`` or ``"reload"`` (:class:`~logra_lightning.rollout.vllm.options.VLLMOptions`).
         expected: the trainer's names and shapes, in checkpoint form; :attr:`report` lists under
             ``"unplaced"`` those vLLM would not load, so the trainer can refuse to start instead of
             syncing silently wrong.

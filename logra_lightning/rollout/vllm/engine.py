@@ -6,12 +6,12 @@ returns the same :class:`~logra_lightning.rollout.base.Rollout` as
 :class:`~logra_lightning.rollout.hf.HFEngine`: token ids, texts and the log-probability
 of every sampled token under the sampling distribution. Weight updates go through vLLM's
 weight-transfer API with LoGRA's backend (``weight_transfer_config={"backend": "logra"}``,
-:mod:`~logra_lightning.rollout.vllm_transfer`): control through ``LLM``'s
+:mod:`~logra_lightning.rollout.vllm.transfer`): control through ``LLM``'s
 ``start_weight_update``/``update_weights``/``finish_weight_update``, tensors by a gloo (CPU) or
-NCCL (GPU) broadcast (:class:`~logra_lightning.rollout.vllm_sender.LowRankSender`). No worker
+NCCL (GPU) broadcast (:class:`~logra_lightning.rollout.vllm.sender.LowRankSender`). No worker
 extension is needed: the API covers initialization (the backend reports back what it could not
 place), updates and the reload at ``finish``. The same backend serves a separate ``vllm serve``
-process (:mod:`~logra_lightning.rollout.vllm_server`).
+process (:mod:`~logra_lightning.rollout.vllm.server`).
 
 vLLM is imported only when an engine is built. vLLM on CPU starts its workers with
 ``spawn``, so a script that builds an engine needs an ``if __name__ == "__main__":``
@@ -59,9 +59,9 @@ import torch
 
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
-from logra_lightning.rollout.vllm_options import VLLMOptions, import_vllm, quiet_loggers
-from logra_lightning.rollout.vllm_plugin import BACKEND, check_installed
-from logra_lightning.rollout.vllm_sender import LLMClient, LowRankSender
+from logra_lightning.rollout.vllm.options import VLLMOptions, import_vllm, quiet_loggers
+from logra_lightning.rollout.vllm.plugin import BACKEND, check_installed
+from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender
 
 GiB = 1 << 30
 ONEDNN_CACHE_CAPACITY = "64"  # choice 5
@@ -85,7 +85,7 @@ class VLLMEngine:
     Args:
         model_path: HF directory (or hub name) of the policy, the one the trainer loaded.
         tokenizer: the policy's tokenizer (EOS, decoding). ``None``: load it from ``model_path``.
-        options: the engine's options (:class:`~logra_lightning.rollout.vllm_options.VLLMOptions`:
+        options: the engine's options (:class:`~logra_lightning.rollout.vllm.options.VLLMOptions`:
             dtype, max_model_len, kv_cache_space_gb, ...); ``None``: the defaults.
         **overrides: options by name, over ``options`` (``VLLMEngine(path, tok, dtype="bfloat16")``).
         policy: the trainer's model. Given, its parameter names are converted to the
@@ -295,7 +295,7 @@ class VLLMEngine:
 class VLLMEngineSpec(VLLMOptions, EngineSpec):
     """Build a :class:`VLLMEngine` from plain options (a config's ``engine:`` entry).
 
-    Args: the fields of :class:`~logra_lightning.rollout.vllm_options.VLLMOptions` (``dtype``,
+    Args: the fields of :class:`~logra_lightning.rollout.vllm.options.VLLMOptions` (``dtype``,
     ``max_model_len``, ``kv_cache_space_gb``, ...), the keys of the config's ``init_args``.
 
     Raises:

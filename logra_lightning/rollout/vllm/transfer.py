@@ -6,12 +6,12 @@ vLLM (0.16+) has a pluggable API for RL weight updates: a backend registered by 
 ``LLM`` and as ``vllm serve`` routes (with ``VLLM_SERVER_DEV_MODE=1``):
 ``init_weight_transfer_engine`` -> ``start_weight_update`` -> ``update_weights`` (per chunk) ->
 ``finish_weight_update``. :class:`LowRankTransferEngine` is that backend for LoGRA's sync. The
-``vllm.general_plugins`` entry point :func:`logra_lightning.rollout.vllm_plugin.register` (in
+``vllm.general_plugins`` entry point :func:`logra_lightning.rollout.vllm.plugin.register` (in
 ``pyproject.toml``) registers it in every vLLM process, including a separately started
 ``vllm serve``.
 
 * **init** (``LowRankInitInfo``): maps checkpoint tensors to vLLM parameters and builds the
-  shadow (:class:`~logra_lightning.rollout.vllm_worker.LowRankApplier`), then joins the trainer's
+  shadow (:class:`~logra_lightning.rollout.vllm.worker.LowRankApplier`), then joins the trainer's
   broadcast group (:class:`~logra_lightning.sync.channel.Channel`: gloo on CPU, NCCL on GPU) and
   sends the trainer its report (what it could not place, the sync mode) through that group:
   vLLM's init call returns nothing.
@@ -21,7 +21,7 @@ vLLM (0.16+) has a pluggable API for RL weight updates: a backend registered by 
   every basis); fp32 or bf16 factors.
 * **finish**: reloads the modules whose shadow changed and re-packs their dependents.
 
-The trainer side is :class:`~logra_lightning.rollout.vllm_sender.LowRankSender`. This module
+The trainer side is :class:`~logra_lightning.rollout.vllm.sender.LowRankSender`. This module
 imports vLLM: only vLLM's factory imports it, inside vLLM processes.
 """
 
@@ -38,7 +38,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from logra_lightning.rollout.vllm_worker import LowRankApplier
+from logra_lightning.rollout.vllm.worker import LowRankApplier
 from logra_lightning.sync.channel import Channel
 from logra_lightning.sync.frames import decode
 
