@@ -3,7 +3,7 @@
 Every check is a pure function of plain values (the parsed config as a dict, a model's
 ``config.json`` fields, prompt lengths) that raises :class:`~logra_lightning.errors.ConfigError`
 with a message of the form ``"<key>=<value>: allowed <range>"``, plus how to fix it where
-that is not obvious. :class:`~logra_lightning.cli.LograCLI` calls :func:`validate_fit_config`
+that is not obvious. :class:`~logra_lightning.cli.lightning_cli.LograCLI` calls :func:`validate_fit_config`
 in ``before_instantiate_classes``, i.e. after parsing and before any class is created. Tests:
 ``tests/test_validation.py`` (including a property-based test).
 
