@@ -38,6 +38,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from logra_lightning.optim.host_memory import trim
 from logra_lightning.rollout.vllm.worker import LowRankApplier
 from logra_lightning.sync.channel import Channel
 from logra_lightning.sync.frames import decode
@@ -148,6 +149,8 @@ class LowRankTransferEngine(WeightTransferEngine[LowRankInitInfo, LowRankUpdateI
 
     def finish_weight_update(self) -> None:
         self._ready()[1].commit()
+        if self.device.type == "cpu":  # the sync's buffers are freed: hand their pages back (engine.py choice 5)
+            trim()
 
     def shutdown(self) -> None:
         if self.channel is not None:
