@@ -53,6 +53,16 @@ NEEDS_STAND_IN = {
         str(DATA / "math_tiny.jsonl"),
     ],
 }
+# The real-model configs: the 135M model's held-out pass alone takes minutes here, so their smoke test runs the
+# config on the stand-in with a small held-out set; tests/test_smollm2.py runs one on the real model (slow) and
+# tests/test_reasoning_gym.py checks each one's prompts and reward.
+NEEDS_STAND_IN.update(
+    {
+        c: ["--data.train.init_args.test_size", "8", "--data.val.init_args.test_size", "8"]
+        for c in CONFIGS
+        if c.startswith("smollm2_")
+    }
+)
 SLOW = {"arithmetic_fsdp.yaml"}  # two processes: run as a subprocess by tests/test_fsdp_lightning.py
 # The reasoning configs run on a tiny policy with their own BPE tokenizer in tests/test_reasoning_tasks.py.
 OWN_TEST = {c for c in CONFIGS if c.startswith("reasoning_")}

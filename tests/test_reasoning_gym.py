@@ -84,10 +84,10 @@ def test_the_chat_template_is_applied_through_the_data_module(path: Path, tiny_p
     train, test, _ = _sources(path, n=2)
     dm = PromptDataModule(train, test, batch_size=2)
     dm.setup("fit")
-    plain = dm.val_records[0]["prompt"]
+    question = dm.val_records[0]["question"]
     assert dm.use_tokenizer(tokenizer)
     rendered = dm.val_records[0]["prompt"]
-    assert rendered.startswith("<|") and "<|user|>" in rendered and plain in rendered
+    assert rendered.startswith("<|user|>") and question in rendered
     prefix = _config(path)["data"]["val"]["init_args"].get("assistant_prefix", "")
     assert rendered.endswith("<|assistant|>" + prefix)
 
@@ -118,10 +118,10 @@ def test_a_config_that_fails_only_when_drawing_is_refused_at_start_up() -> None:
 
 
 def test_too_small_a_problem_space_for_train_size_names_the_fix() -> None:
-    source = ReasoningGymSource(
-        "basic_arithmetic", config={"min_terms": 2, "max_terms": 2, "max_digits": 1}, train_size=5000
-    )
-    with pytest.raises(ConfigError, match="lower train_size"):
+    # 5 x 5 pairs of numbers in 1..5: 25 distinct problems at most
+    space = {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 5}
+    source = ReasoningGymSource("gcd", config=space, train_size=40, test_size=8)
+    with pytest.raises(ConfigError, match=r"only 25 distinct problems .* lower train_size"):
         source.load()
 
 

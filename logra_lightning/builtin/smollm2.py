@@ -65,6 +65,10 @@ class SmolLM2Config:
         """Config, generation config and tokenizer at ``path``, without weights (what ``logra export`` needs)."""
         return write_config_and_tokenizer(path, self)
 
+    def hf_config(self):
+        """The transformers config of the converted model, from the GGUF file's metadata (no weights read)."""
+        return gguf_config(self)
+
 
 def gguf_path(cfg: SmolLM2Config) -> Path:
     """The GGUF file inside the installed package's folder, without importing the package (module doc).
@@ -97,19 +101,28 @@ def _plain_config(config):
     return config
 
 
+def gguf_config(cfg: SmolLM2Config):
+    """The converted model's transformers config, from the GGUF file's metadata (no weights)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    source = gguf_path(cfg)
+    config = _plain_config(AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name))
+    # what save_pretrained of the converted model records (vLLM picks its model class by `architectures`)
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = torch.float32
+    return config
+
+
 def write_config_and_tokenizer(path: str | Path, cfg: SmolLM2Config) -> str:
     """The model's config, generation config and tokenizer from the GGUF file's metadata (no weights) at ``path``."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers import AutoTokenizer, GenerationConfig
 
     source = gguf_path(cfg)
     folder, name = str(source.parent), source.name
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = _plain_config(AutoConfig.from_pretrained(folder, gguf_file=name))
-    # what save_pretrained of the converted model records (vLLM picks its model class by `architectures`)
-    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
-    config.dtype = torch.float32
+    config = gguf_config(cfg)
     config.save_pretrained(path)
     GenerationConfig.from_model_config(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(path)

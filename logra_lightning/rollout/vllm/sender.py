@@ -64,6 +64,9 @@ class _Call(threading.Thread):
             self.error = e
 
 
+LOCAL_GRACE_S = 5.0  # together(): how long a finished broadcast may take to be seen after the engine failed
+
+
 class TransferError(RuntimeError):
     """A failed transfer call; ``channel_ok`` says whether this side's collective completed (the group is usable)."""
 
@@ -89,6 +92,11 @@ def together(remote: Callable[[], Any], local: Callable[[], Any], timeout_s: flo
         if time.monotonic() > deadline:
             raise TransferError(f"the weight transfer did not complete within {timeout_s:.0f} s", False)
         (remote_call if remote_call.is_alive() else local_call).join(0.005)
+    if remote_call.error is not None and local_call.is_alive():
+        # An engine that refuses after receiving has let the broadcast finish: give this side's thread the
+        # moment it needs to see that (under load it may not have run yet), so a refused update is not
+        # taken for a broken group. One that failed before receiving leaves it blocked: not ok.
+        local_call.join(min(LOCAL_GRACE_S, max(0.0, deadline - time.monotonic())))
     local_ok = not local_call.is_alive() and local_call.error is None
     for c in (remote_call, local_call):
         if c.error is not None:
