@@ -10,9 +10,9 @@ the engine-vs-trainer |logprob| gap on every step's sampled completions (what th
 keep near zero) and on fresh samples after the last sync, how far the policy moved,
 bytes per low-rank sync against a full one, and which matrices LoGRA sketched.
 
-    python benchmarks/architectures.py            # all families -> benchmarks/results/architectures.json
-    python benchmarks/architectures.py --only phi3 qwen3_moe --out /tmp/arch.json
-    python benchmarks/architectures.py --quick    # phi3 only, 2 steps -> results/architectures_quick.json
+    python -m benchmarks.architectures            # all families -> benchmarks/results/architectures.json
+    python -m benchmarks.architectures --only phi3 qwen3_moe --out /tmp/arch.json
+    python -m benchmarks.architectures --quick    # phi3 only, 2 steps -> results/architectures_quick.json
 
 ``tests/test_architectures.py`` runs :func:`run_arch` for each family (two in ``make test``).
 """
@@ -25,12 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import RESULTS, load_average, machine_info, write_result  # noqa: E402
-from benchmarks.report import Report, clip, command_head, met, num, table  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, load_average, machine_info, write_result
+from benchmarks.report import Report, clip, command_head, met, num, table
 
 TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
@@ -228,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
             {k: rows[-1].get(k) for k in ("architecture", "ok", "drift_max", "lowrank_sync_share", "error")}, flush=True
         )
     result = {
-        "command": "python benchmarks/architectures.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.architectures " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": machine_info(),
         "load_start": load,
         "load_end": load_average(),

@@ -2,8 +2,8 @@
 
 Run (2 gloo processes on the CPU; a few minutes):
 
-    .venv/bin/python benchmarks/ddp_comm.py                    # ~25M Qwen2 shape, rank 64
-    .venv/bin/python benchmarks/ddp_comm.py --size quick --steps 2 --out benchmarks/results/ddp_comm_quick.json
+    .venv/bin/python -m benchmarks.ddp_comm                    # ~25M Qwen2 shape, rank 64
+    .venv/bin/python -m benchmarks.ddp_comm --size quick --steps 2 --out benchmarks/results/ddp_comm_quick.json
 
 Rows, each a fresh pair of processes training the same model on halves of the same batches:
 
@@ -35,9 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS, load_average, machine_info, proc_memory, shape_config, write_result  # noqa: E402
-from benchmarks.report import Report, load_text, num, table  # noqa: E402
+from benchmarks.common import RESULTS, load_average, machine_info, proc_memory, shape_config, write_result
+from benchmarks.report import Report, load_text, num, table
 
 ROWS = ("adamw_ddp", "logra_plain_ddp", "logra_sketch_allreduce")
 RANK, GAP, OVERSAMPLE = 64, 200, 8

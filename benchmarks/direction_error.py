@@ -2,8 +2,8 @@
 
 Run (~100M shape, 12 steps, ~5 min on a quiet machine):
 
-    .venv/bin/python benchmarks/direction_error.py
-    .venv/bin/python benchmarks/direction_error.py --size 25m --steps 8 --out /tmp/d.json
+    .venv/bin/python -m benchmarks.direction_error
+    .venv/bin/python -m benchmarks.direction_error --size 25m --steps 8 --out /tmp/d.json
 
 One model (random weights, the ``benchmarks/optimizer_memory.py`` shape, step and data: random
 tokens, seq 128, batch 4) and one LoGRA optimizer per variant, all over the same parameters with
@@ -30,10 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS, load_average, machine_info, shape_config, write_result  # noqa: E402
-from benchmarks.optimizer_memory import RUN, _build_model  # noqa: E402
-from benchmarks.report import MB, Report, num, table  # noqa: E402
+from benchmarks.common import RESULTS, load_average, machine_info, shape_config, write_result
+from benchmarks.optimizer_memory import RUN, _build_model
+from benchmarks.report import MB, Report, num, table
 
 FP32 = {"second_moment": "full", "basis_dtype": "float32", "exp_avg_dtype": "float32"}
 VARIANTS = {
@@ -157,7 +156,7 @@ def main(argv=None) -> dict:
     started, load_start = time.time(), load_average()
     out = run(args.size, args.steps, args.gap, args.rank)
     result = {
-        "command": "python benchmarks/direction_error.py" + " ".join([""] + (argv or sys.argv[1:])),
+        "command": "python -m benchmarks.direction_error" + " ".join([""] + (argv or sys.argv[1:])),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

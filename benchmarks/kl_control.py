@@ -3,10 +3,10 @@
 Run (full: three ``logra fit`` runs of the config's length per seed, seeds 0 1 2, two at a time,
 then one 60-step demo run alone):
 
-    .venv/bin/python benchmarks/kl_control.py
-    .venv/bin/python benchmarks/kl_control.py --steps 100             # as `make bench` runs it
-    .venv/bin/python benchmarks/kl_control.py --lr 3e-5 --steps 300 --target-kl 1e-3 --seeds 0 1
-    .venv/bin/python benchmarks/kl_control.py --quick          # 4 steps each, 64 held-out prompts (CI)
+    .venv/bin/python -m benchmarks.kl_control
+    .venv/bin/python -m benchmarks.kl_control --steps 100             # as `make bench` runs it
+    .venv/bin/python -m benchmarks.kl_control --lr 3e-5 --steps 300 --target-kl 1e-3 --seeds 0 1
+    .venv/bin/python -m benchmarks.kl_control --quick          # 4 steps each, 64 held-out prompts (CI)
 
 The issue-4 runs, each a real ``logra fit`` in its own process on the arithmetic RL task:
 
@@ -62,8 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CONFIGS,
     RESULTS,
     WORK_DIR,
@@ -75,8 +74,8 @@ from benchmarks.common import (  # noqa: E402
     machine_info,
     write_result,
 )
-from benchmarks.quality import QUICK  # noqa: E402
-from benchmarks.report import Report, clip, command_head, load_text, met, num, pct, table  # noqa: E402
+from benchmarks.quality import QUICK
+from benchmarks.report import Report, clip, command_head, load_text, met, num, pct, table
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
 TARGETS = {
@@ -519,7 +518,7 @@ def main(argv=None) -> dict:
     runs.append(run)
     _print(run)
     result = {
-        "command": "python benchmarks/kl_control.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.kl_control " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

@@ -2,8 +2,8 @@
 
 Run after the benchmarks (``benchmarks/run_all.py`` does):
 
-    .venv/bin/python benchmarks/make_readme.py             # results/*.json -> benchmarks/README.md
-    .venv/bin/python benchmarks/make_readme.py --quick     # results/*_quick.json -> results/README_quick.md
+    .venv/bin/python -m benchmarks.make_readme             # results/*.json -> benchmarks/README.md
+    .venv/bin/python -m benchmarks.make_readme --quick     # results/*_quick.json -> results/README_quick.md
 
 Each section (and headline bullet) is written by the benchmark script that owns the result:
 its ``REPORTS`` (see ``benchmarks/report.py``); this file only orders them and adds the frame
@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import re
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS, ROOT  # noqa: E402
-from benchmarks.report import num, report_of  # noqa: E402
-from benchmarks.run_all import FULL_ARGS, SCRIPTS  # noqa: E402
+from benchmarks.common import RESULTS, ROOT
+from benchmarks.report import num, report_of
+from benchmarks.run_all import FULL_ARGS, SCRIPTS
 
 COMMANDS = {  # exactly what `make bench` (run_all.py) runs for each result
     name: " ".join(
@@ -134,10 +133,10 @@ def build(quick: bool, results: Path, readme: Path) -> str:
         "",
         "```",
         "make bench                                  # installs the `bench` extra, runs everything",
-        ".venv/bin/python benchmarks/run_all.py      # the same without the install",
-        ".venv/bin/python benchmarks/run_all.py --quick   # every script's --quick mode (CI smoke)",
+        ".venv/bin/python -m benchmarks.run_all      # the same without the install",
+        ".venv/bin/python -m benchmarks.run_all --quick   # every script's --quick mode (CI smoke)",
         *COMMANDS.values(),
-        ".venv/bin/python benchmarks/plots.py && .venv/bin/python benchmarks/make_readme.py",
+        ".venv/bin/python -m benchmarks.plots && .venv/bin/python -m benchmarks.make_readme",
         "```",
         "",
     ]
@@ -161,7 +160,9 @@ def build(quick: bool, results: Path, readme: Path) -> str:
             "to load, wall-clock times are not (CPU-time ratios are given beside them).",
             "",
         ]
-    return "\n".join(head + body + ([] if quick else gpu_check_section(results))) + "\n"
+    text = "\n".join(head + body + ([] if quick else gpu_check_section(results))) + "\n"
+    # Results recorded when the scripts were run by path keep that command; the same run is now a module.
+    return re.sub(r"python (?:\./)?benchmarks/(\w+)\.py", r"python -m benchmarks.\1", text)
 
 
 def main(argv=None) -> Path:

@@ -3,8 +3,8 @@
 Run (~100M shape, ~10 min on a quiet machine; rows ``logra``, ``logra_prev`` (before issue 18)
 and ``floor_nograd`` of ``benchmarks/optimizer_memory.py``, same model, data and step):
 
-    .venv/bin/python benchmarks/memory_breakdown.py
-    .venv/bin/python benchmarks/memory_breakdown.py --sizes 25m --rows logra floor_nograd --out /tmp/b.json
+    .venv/bin/python -m benchmarks.memory_breakdown
+    .venv/bin/python -m benchmarks.memory_breakdown --sizes 25m --rows logra floor_nograd --out /tmp/b.json
 
 Each row runs in its own subprocess, three times:
 
@@ -35,8 +35,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     RESULTS,
     load_average,
     machine_info,
@@ -46,9 +45,9 @@ from benchmarks.common import (  # noqa: E402
     shape_config,
     write_result,
 )
-from benchmarks.optimizer_memory import RUN, _build_model  # noqa: E402
-from benchmarks.optimizer_rows import make_optimizer  # noqa: E402
-from benchmarks.report import MB, Report, command_head, num, pct, table  # noqa: E402
+from benchmarks.optimizer_memory import RUN, _build_model
+from benchmarks.optimizer_rows import make_optimizer
+from benchmarks.report import MB, Report, command_head, num, pct, table
 
 ROWS = ["logra", "logra_prev", "floor_nograd"]
 MODES = {"profiled": {}, "rss_default": {}, "rss_live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}}
@@ -295,7 +294,7 @@ def main(argv=None) -> dict:
                 )
     summary = _summary(rows)
     result = {
-        "command": "python benchmarks/memory_breakdown.py" + " ".join([""] + (argv or sys.argv[1:])),
+        "command": "python -m benchmarks.memory_breakdown" + " ".join([""] + (argv or sys.argv[1:])),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

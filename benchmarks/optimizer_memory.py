@@ -2,10 +2,10 @@
 
 Run (full: ~25M / ~100M / ~400M Qwen2-shaped models, ~15 min on a quiet machine, 30 min loaded):
 
-    .venv/bin/python benchmarks/optimizer_memory.py
-    .venv/bin/python benchmarks/optimizer_memory.py --sizes 100m          # the issue-3 acceptance shape only
-    .venv/bin/python benchmarks/optimizer_memory.py --quick               # tiny shape, < 2 min (CI)
-    .venv/bin/python benchmarks/optimizer_memory.py --sizes 100m --rows adamw logra --repeat 3 \
+    .venv/bin/python -m benchmarks.optimizer_memory
+    .venv/bin/python -m benchmarks.optimizer_memory --sizes 100m          # the issue-3 acceptance shape only
+    .venv/bin/python -m benchmarks.optimizer_memory --quick               # tiny shape, < 2 min (CI)
+    .venv/bin/python -m benchmarks.optimizer_memory --sizes 100m --rows adamw logra --repeat 3 \
         --out benchmarks/results/optimizer_step_time.json                  # step time, rows interleaved A B A B ...
 
 Model shapes are HF Qwen2 config fields in ``benchmarks/configs/qwen2-<size>.json`` (random
@@ -73,8 +73,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     RESULTS,
     load_average,
     machine_info,
@@ -84,7 +83,7 @@ from benchmarks.common import (  # noqa: E402
     shape_config,
     write_result,
 )
-from benchmarks.optimizer_rows import (  # noqa: E402
+from benchmarks.optimizer_rows import (
     BF16_ROWS,
     CHUNKED_LOSS,
     DESCRIPTION,
@@ -95,7 +94,7 @@ from benchmarks.optimizer_rows import (  # noqa: E402
     make_optimizer,
     tensor_only_state_bytes,
 )
-from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table  # noqa: E402
+from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
 # another job ran (OpenMP threads wait on each other), which made wall times of rows measured
@@ -509,7 +508,7 @@ def main(argv=None) -> dict:
     started, load_start = time.time(), load_average()
     out = Path(args.out) if args.out else RESULTS / f"optimizer_memory{'_quick' if args.quick else ''}.json"
     earlier = json.loads(out.read_text())["sizes"] if args.merge and out.exists() else {}  # rows keep their own load
-    command = "python benchmarks/optimizer_memory.py" + " ".join([""] + (argv if argv is not None else sys.argv[1:]))
+    command = "python -m benchmarks.optimizer_memory" + " ".join([""] + (argv if argv is not None else sys.argv[1:]))
     results: dict[str, list[dict]] = {}
 
     def save(complete: bool) -> dict:

@@ -4,8 +4,8 @@ Run (full: ~25M / ~100M / ~400M Qwen2-shaped models, 12 rows, each measured unde
 settings, ``--jobs`` (2) worker processes at once; the peaks are per process, so running two at
 a time changes the timings, not the bytes):
 
-    .venv/bin/python benchmarks/plan_vs_measured.py
-    .venv/bin/python benchmarks/plan_vs_measured.py --quick    # ~1M / 5M / 13M, live bytes only, ~1 min
+    .venv/bin/python -m benchmarks.plan_vs_measured
+    .venv/bin/python -m benchmarks.plan_vs_measured --quick    # ~1M / 5M / 13M, live bytes only, ~1 min
 
 Every row (size x optimizer x activation checkpointing) runs in its own subprocess, measured
 the way ``benchmarks/optimizer_memory.py`` measures (same Qwen2 conventions: tied embeddings,
@@ -40,15 +40,12 @@ import gc
 import json
 import os
 import platform
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS, load_average, proc_memory, reset_peak_rss, run_worker, write_result  # noqa: E402
-from benchmarks.report import MB, Report, clip, load_text, met, num, pct, table  # noqa: E402
+from benchmarks.common import RESULTS, load_average, proc_memory, reset_peak_rss, run_worker, write_result
+from benchmarks.report import MB, Report, clip, load_text, met, num, pct, table
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
@@ -436,7 +433,7 @@ def main(argv=None) -> dict:
         )
     errors = [(m, e) for r in rows for m, e in r["error"].items()]
     result = {
-        "command": "python benchmarks/plan_vs_measured.py" + (" --quick" if args.quick else ""),
+        "command": "python -m benchmarks.plan_vs_measured" + (" --quick" if args.quick else ""),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "load_start": load_start,
         "load_end": load_average(),

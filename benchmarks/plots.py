@@ -2,8 +2,8 @@
 
 Run after the benchmarks (``benchmarks/run_all.py`` does):
 
-    .venv/bin/python benchmarks/plots.py            # benchmarks/results/*.json -> *.png
-    .venv/bin/python benchmarks/plots.py --quick    # *_quick.json -> *_quick.png (CI smoke)
+    .venv/bin/python -m benchmarks.plots            # benchmarks/results/*.json -> *.png
+    .venv/bin/python -m benchmarks.plots --quick    # *_quick.json -> *_quick.png (CI smoke)
 
 One figure per results file whose script's ``Report`` has a ``plot`` (see ``benchmarks/report.py``);
 a missing results file skips its figure (and says so).
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import RESULTS  # noqa: E402
-from benchmarks.report import report_of  # noqa: E402
-from benchmarks.run_all import SCRIPTS  # noqa: E402
+from benchmarks.common import RESULTS
+from benchmarks.report import report_of
+from benchmarks.run_all import SCRIPTS
 
 
 def _load(name: str, quick: bool, results: Path) -> dict | None:

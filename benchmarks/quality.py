@@ -2,11 +2,11 @@
 
 Run (full: the settings of ``configs/``, 8 rows x 3 seeds = 24 ``logra fit`` runs):
 
-    .venv/bin/python benchmarks/quality.py
-    .venv/bin/python benchmarks/quality.py --lr 3e-5 --steps 300          # override the configs' lr / steps
-    .venv/bin/python benchmarks/quality.py --quick                         # 1 seed, 2 ranks, 4 steps (CI)
-    .venv/bin/python benchmarks/quality.py --jobs 1                        # one run at a time
-    .venv/bin/python benchmarks/quality.py --rows lora_r16 --seeds 0 --lora-lr 3e-3 --out /tmp/sweep.json  # one lr
+    .venv/bin/python -m benchmarks.quality
+    .venv/bin/python -m benchmarks.quality --lr 3e-5 --steps 300          # override the configs' lr / steps
+    .venv/bin/python -m benchmarks.quality --quick                         # 1 seed, 2 ranks, 4 steps (CI)
+    .venv/bin/python -m benchmarks.quality --jobs 1                        # one run at a time
+    .venv/bin/python -m benchmarks.quality --rows lora_r16 --seeds 0 --lora-lr 3e-3 --out /tmp/sweep.json  # one lr
 
 Every run is a real ``logra fit --config <AdamW config>`` in its own process with the optimizer
 replaced on the command line, so all rows share the loop, task, reward, batch, group size,
@@ -62,8 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CONFIGS,
     RESULTS,
     WORK_DIR,
@@ -74,7 +73,7 @@ from benchmarks.common import (  # noqa: E402
     machine_info,
     write_result,
 )
-from benchmarks.report import Report, command_head, num, pct, table  # noqa: E402
+from benchmarks.report import Report, command_head, num, pct, table
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
@@ -431,7 +430,7 @@ def main(argv=None) -> dict:
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes
         runs = list(pool.map(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan))
     result = {
-        "command": "python benchmarks/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.quality " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

@@ -12,9 +12,9 @@ majority-answer baseline (the accuracy of always giving the held-out set's most 
 The whole table is hours of compute on 2 cores, so it is built one unit at a time; every finished unit is kept
 in ``--work-dir`` and read back with ``--reuse``::
 
-    .venv/bin/python benchmarks/real_model_tasks.py --reuse --max-runs 1   # the next missing unit, the table so far
-    .venv/bin/python benchmarks/real_model_tasks.py --reuse                # every missing unit
-    .venv/bin/python benchmarks/real_model_tasks.py --quick                # tiny random policy, HF engine, 2 steps (CI)
+    .venv/bin/python -m benchmarks.real_model_tasks --reuse --max-runs 1   # the next missing unit, the table so far
+    .venv/bin/python -m benchmarks.real_model_tasks --reuse                # every missing unit
+    .venv/bin/python -m benchmarks.real_model_tasks --quick                # tiny random policy, HF engine, 2 steps (CI)
 
 Units, in order: the base model's pass@k per task (a worker process with its own engine), the lr sweep
 (:data:`SWEEP_LRS`, on ``sweep_task``, seed 0, ``sweep_steps`` steps), then the table's runs (every task x row x
@@ -42,8 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CONFIGS,
     RESULTS,
     WORK_DIR,
@@ -54,7 +53,7 @@ from benchmarks.common import (  # noqa: E402
     run_worker,
     write_result,
 )
-from benchmarks.reasoning_tasks import (  # noqa: E402
+from benchmarks.reasoning_tasks import (
     MEMORY_FILE,
     PAPER_REDUCTION,
     RANK,
@@ -66,7 +65,7 @@ from benchmarks.reasoning_tasks import (  # noqa: E402
     row_args,
     summarize,
 )
-from benchmarks.report import Report, table  # noqa: E402
+from benchmarks.report import Report, table
 
 MODEL = "builtin:smollm2-135m-instruct"
 WEIGHTS = "SmolLM2-135M-Instruct, the release's Q4_1 GGUF quantization dequantized to fp32"
@@ -485,7 +484,7 @@ def main(argv=None) -> dict:
                 ran += new
                 (runs.append(run) if run else missing.append(f"{task} {row} seed {seed}"))
     result = {
-        "command": "python benchmarks/real_model_tasks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.real_model_tasks " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

@@ -4,9 +4,9 @@ Each row is its own measurement in its own process; the script is resumable (row
 results JSON are kept, ``--rows`` picks what to measure now), so every row can run alone under
 ``cpu-run bench``:
 
-    .venv/bin/python benchmarks/real_shapes_memory.py --rows rl:logra_chunked    # one RL step, ~15-25 min
-    .venv/bin/python benchmarks/real_shapes_memory.py --rows 100m:floor_chunked  # optimizer_memory.py rows
-    .venv/bin/python benchmarks/real_shapes_memory.py --report                   # summary only, from the JSON
+    .venv/bin/python -m benchmarks.real_shapes_memory --rows rl:logra_chunked    # one RL step, ~15-25 min
+    .venv/bin/python -m benchmarks.real_shapes_memory --rows 100m:floor_chunked  # optimizer_memory.py rows
+    .venv/bin/python -m benchmarks.real_shapes_memory --report                   # summary only, from the JSON
 
 Rows:
 
@@ -47,13 +47,11 @@ import argparse
 import gc
 import json
 import resource
-import sys
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     RESULTS,
     ROOT,
     load_average,
@@ -63,7 +61,7 @@ from benchmarks.common import (  # noqa: E402
     run_worker,
     write_result,
 )
-from benchmarks.report import MB, Report, clip, load_text, met, num, table  # noqa: E402
+from benchmarks.report import MB, Report, clip, load_text, met, num, table
 
 OUT = RESULTS / "real_shapes_memory.json"
 SHAPE = "qwen2.5-0.5b"
@@ -400,7 +398,7 @@ def main(argv=None) -> dict:
         print(f"measuring {key} (load {load_average()})", flush=True)
         row = _measure(key, args)
         row["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
-        row["command"] = f"python benchmarks/real_shapes_memory.py --rows {key}"
+        row["command"] = f"python -m benchmarks.real_shapes_memory --rows {key}"
         if key.startswith("rl:"):
             res["rl"][key[3:]] = row
         else:
@@ -411,7 +409,7 @@ def main(argv=None) -> dict:
         r["measured_at"] for rows in res["optimizer_rows"].values() for r in rows.values() if "measured_at" in r
     ]
     res.update(
-        command="python benchmarks/real_shapes_memory.py --rows <row>",
+        command="python -m benchmarks.real_shapes_memory --rows <row>",
         first_measured=min(stamps, default=None),
         last_measured=max(stamps, default=None),
         machine=machine_info(),

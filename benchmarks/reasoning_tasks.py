@@ -6,9 +6,9 @@ the full ``logra fit`` RL loop (the ~20M ``builtin:reasoning-20m`` policy, vLLM 
 after every step) for each optimizer row, same steps, prompts and sampling, and records held-out greedy
 accuracy before/after RL and the trainer process's memory (:mod:`benchmarks.trainer_memory`):
 
-    .venv/bin/python benchmarks/reasoning_tasks.py                 # sweep, then 3 tasks x rows x 2 seeds
-    .venv/bin/python benchmarks/reasoning_tasks.py --lr adamw=1e-4 logra=3e-4 --seeds 0 1 2   # no sweep
-    .venv/bin/python benchmarks/reasoning_tasks.py --quick         # tiny random policy, HF engine, 2 steps (CI)
+    .venv/bin/python -m benchmarks.reasoning_tasks                 # sweep, then 3 tasks x rows x 2 seeds
+    .venv/bin/python -m benchmarks.reasoning_tasks --lr adamw=1e-4 logra=3e-4 --seeds 0 1 2   # no sweep
+    .venv/bin/python -m benchmarks.reasoning_tasks --quick         # tiny random policy, HF engine, 2 steps (CI)
 
 Rows are lists of ``logra fit`` overrides (:func:`row_args`): ``adamw`` (``torch.optim.AdamW``), ``logra``
 (:class:`~logra_lightning.optim.LoGRA`, rank 16, every 2-D weight low-rank) and ``lora`` (``model.adapter``,
@@ -38,9 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import CONFIGS, RESULTS, WORK_DIR, load_average, logra_fit, machine_info, write_result  # noqa: E402
-from benchmarks.report import Report, table  # noqa: E402
+from benchmarks.common import CONFIGS, RESULTS, WORK_DIR, load_average, logra_fit, machine_info, write_result
+from benchmarks.report import Report, table
 
 TASKS = ("arithmetic", "countdown", "sorting")
 ROWS = ("adamw", "logra", "lora")
@@ -124,7 +123,7 @@ def resummarize(path: Path) -> dict:
             run["memory"] = with_state_bytes(run["memory"])
     rows = [r for r in res["settings"]["rows"] if r not in res["settings"].get("pending", {})]
     res["summary"] = summarize(res["runs"], rows)
-    res["resummarized_by"] = f"python benchmarks/reasoning_tasks.py --resummarize {path.name}"
+    res["resummarized_by"] = f"python -m benchmarks.reasoning_tasks --resummarize {path.name}"
     write_result(path, res)
     return res
 
@@ -387,7 +386,7 @@ def main(argv=None) -> dict:
         ]
         runs = list(pool.map(lambda p: run_one(*p), plan))
     result = {
-        "command": "python benchmarks/reasoning_tasks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.reasoning_tasks " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

@@ -1,8 +1,8 @@
 """Run the whole benchmark suite, then the plots and the README (``make bench``).
 
-    .venv/bin/python benchmarks/run_all.py                      # full sizes (see benchmarks/README.md for times)
-    .venv/bin/python benchmarks/run_all.py --quick              # every script's --quick mode (CI smoke, minutes)
-    .venv/bin/python benchmarks/run_all.py --only quality --rl-args --lr 3e-5 --steps 300
+    .venv/bin/python -m benchmarks.run_all                      # full sizes (see benchmarks/README.md for times)
+    .venv/bin/python -m benchmarks.run_all --quick              # every script's --quick mode (CI smoke, minutes)
+    .venv/bin/python -m benchmarks.run_all --only quality --rl-args --lr 3e-5 --steps 300
 
 Scripts run one after another (each already isolates its own rows in subprocesses); a failing
 script is reported and the rest still run; the exit code is non-zero if any failed. Run the
@@ -15,10 +15,8 @@ import argparse
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import ROOT, load_average  # noqa: E402
+from benchmarks.common import ROOT, load_average
 
 SCRIPTS = [
     "optimizer_memory",
@@ -74,16 +72,16 @@ def main(argv=None) -> int:
         if args.quick and name in QUICK_SKIP:
             continue
         script, extra = FULL_ARGS.get(name, (name, []))
-        cmd = [sys.executable, str(ROOT / "benchmarks" / f"{script}.py")] + (["--quick"] if args.quick else extra)
+        cmd = [sys.executable, "-m", f"benchmarks.{script}"] + (["--quick"] if args.quick else extra)
         cmd += args.rl_args if name in RL_SCRIPTS else []
         print(f"== {' '.join(cmd[1:])}  (load {load_average()})", flush=True)
         t0 = time.perf_counter()
         rc = subprocess.run(cmd, cwd=ROOT).returncode
         status[name] = (rc, time.perf_counter() - t0)
-    for tail in (["plots.py"], ["make_readme.py"]):
-        cmd = [sys.executable, str(ROOT / "benchmarks" / tail[0])] + (["--quick"] if args.quick else [])
+    for tail in ("plots", "make_readme"):
+        cmd = [sys.executable, "-m", f"benchmarks.{tail}"] + (["--quick"] if args.quick else [])
         rc = subprocess.run(cmd, cwd=ROOT).returncode
-        status[tail[0]] = (rc, 0.0)
+        status[tail] = (rc, 0.0)
     for name, (rc, seconds) in status.items():
         print(f"{name:18s} {'ok' if rc == 0 else f'FAILED (exit {rc})':18s} {seconds:7.0f} s")
     return int(any(rc != 0 for rc, _ in status.values()))

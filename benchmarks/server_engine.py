@@ -2,8 +2,8 @@
 
 Run (about 10 min on 2 cores):
 
-    .venv/bin/python benchmarks/server_engine.py
-    .venv/bin/python benchmarks/server_engine.py --quick      # 8 steps, restart at 4, 6-step throughput runs
+    .venv/bin/python -m benchmarks.server_engine
+    .venv/bin/python -m benchmarks.server_engine --quick      # 8 steps, restart at 4, 6-step throughput runs
 
 1. ``logra serve --model builtin:arithmetic-tiny`` starts the server (its own process group).
 2. ``logra fit --config configs/arithmetic_tiny_server.yaml`` trains ``--steps`` steps against it
@@ -35,11 +35,10 @@ from pathlib import Path
 
 import lightning as L
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CONFIGS,
     RESULTS,
+    ROOT,
     WORK_DIR,
     config_callbacks,
     load_average,
@@ -47,7 +46,7 @@ from benchmarks.common import (  # noqa: E402
     machine_info,
     write_result,
 )
-from benchmarks.report import Report, command_head, num, table  # noqa: E402
+from benchmarks.report import Report, command_head, num, table
 
 CONFIG = CONFIGS / "arithmetic_tiny_server.yaml"
 MODEL = "builtin:arithmetic-tiny"
@@ -209,7 +208,7 @@ def main(argv=None) -> dict:
         and max(drift_after) <= DRIFT_TARGET
     )
     res = {
-        "command": "python benchmarks/server_engine.py" + (" " + " ".join(argv) if argv else ""),
+        "command": "python -m benchmarks.server_engine" + (" " + " ".join(argv) if argv else ""),
         "wall_seconds": round(time.perf_counter() - t0, 1),
         "load_start": load_start,
         "load_end": load_average(),

@@ -2,9 +2,9 @@
 
 Run (about 40 min on the 2-core machine; resumable):
 
-    .venv/bin/python benchmarks/soak.py                      # 1,100 steps of configs/arithmetic_tiny.yaml
-    .venv/bin/python benchmarks/soak.py --resume             # continue an interrupted run from its last checkpoint
-    .venv/bin/python benchmarks/soak.py --steps 300 --out benchmarks/results/soak_300.json   # a short look
+    .venv/bin/python -m benchmarks.soak                      # 1,100 steps of configs/arithmetic_tiny.yaml
+    .venv/bin/python -m benchmarks.soak --resume             # continue an interrupted run from its last checkpoint
+    .venv/bin/python -m benchmarks.soak --steps 300 --out benchmarks/results/soak_300.json   # a short look
 
 ``logra fit --config configs/arithmetic_tiny.yaml`` as shipped (vLLM engine, low-rank weight sync
 after every step, ``KLStepControl``, held-out evaluation every 50 steps) with one more callback,
@@ -49,8 +49,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CONFIGS,
     RESULTS,
     ROOT,
@@ -61,7 +60,7 @@ from benchmarks.common import (  # noqa: E402
     machine_info,
     write_result,
 )
-from benchmarks.report import Report, load_text, met, num, table  # noqa: E402
+from benchmarks.report import Report, load_text, met, num, table
 
 MB = 1 << 20
 TARGETS = {"rss_slope_mb_per_100_max": 1.0, "max_drift_max": 1e-4, "skipped_max": 0}

@@ -3,10 +3,10 @@
 Run (full: the ~25M / ~100M / ~400M Qwen2 shapes of ``optimizer_memory.py``, rank 64, each size
 in its own process; about 12 min on 2 cores):
 
-    .venv/bin/python benchmarks/sync_cost.py
-    .venv/bin/python benchmarks/sync_cost.py --sizes 100m     # one size
-    .venv/bin/python benchmarks/sync_cost.py --quick          # the tiny test model, rank 8 (~1 min)
-    .venv/bin/python benchmarks/sync_cost.py --sizes 400m --merge   # add one size to the results file
+    .venv/bin/python -m benchmarks.sync_cost
+    .venv/bin/python -m benchmarks.sync_cost --sizes 100m     # one size
+    .venv/bin/python -m benchmarks.sync_cost --quick          # the tiny test model, rank 8 (~1 min)
+    .venv/bin/python -m benchmarks.sync_cost --sizes 400m --merge   # add one size to the results file
 
 Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings
 included, ``update_proj_gap`` small so that refreshes happen within the run) on random tokens;
@@ -55,10 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result  # noqa: E402
-from benchmarks.report import Report, clip, command_head, load_text, met, num, table  # noqa: E402
+from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result
+from benchmarks.report import Report, clip, command_head, load_text, met, num, table
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
@@ -728,7 +726,7 @@ def main(argv=None) -> dict:
     import vllm
 
     started, load_start = time.perf_counter(), load_average()
-    command = "python benchmarks/sync_cost.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.sync_cost " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json"
     kept = json.loads(out.read_text()) if args.merge and out.is_file() else {}
     rows = {s: r for s, r in kept.get("sizes", {}).items() if s not in sizes}

@@ -2,9 +2,9 @@
 
 Run (full: the AdamW config's steps, ~3 runs of a few minutes each on 2 cores):
 
-    .venv/bin/python benchmarks/trl_grpo.py
-    .venv/bin/python benchmarks/trl_grpo.py --lr 3e-5 --steps 300
-    .venv/bin/python benchmarks/trl_grpo.py --quick          # 3 steps, 64 held-out prompts (CI)
+    .venv/bin/python -m benchmarks.trl_grpo
+    .venv/bin/python -m benchmarks.trl_grpo --lr 3e-5 --steps 300
+    .venv/bin/python -m benchmarks.trl_grpo --quick          # 3 steps, 64 held-out prompts (CI)
 
 Rows, each in its own process (``--worker``), all on ``builtin:arithmetic-tiny`` (the warmed-up
 tiny Qwen2 of :mod:`logra_lightning.builtin.registry`), 1 torch thread, fp32, no activation checkpointing:
@@ -40,8 +40,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     CONFIGS,
     RESULTS,
     WORK_DIR,
@@ -53,8 +52,8 @@ from benchmarks.common import (  # noqa: E402
     run_worker,
     write_result,
 )
-from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter  # noqa: E402
-from benchmarks.report import MB, Report, clip, command_head, load_text, num, pct, table  # noqa: E402
+from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter
+from benchmarks.report import MB, Report, clip, command_head, load_text, num, pct, table
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
@@ -422,7 +421,7 @@ def main(argv=None) -> dict:
             flush=True,
         )
     result = {
-        "command": "python benchmarks/trl_grpo.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.trl_grpo " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": load_average(),

@@ -36,12 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))  # gpu_check_models, also for the reward's class_path in the worker
-
-from gpu_check_measure import DeviceUsageSampler, machine_info, read_scalars  # noqa: E402
-from gpu_check_report import (  # noqa: E402
+from gpu_check_measure import DeviceUsageSampler, machine_info, read_scalars
+from gpu_check_report import (
     GB,
     check_report,
     format_summary,
@@ -51,6 +47,9 @@ from gpu_check_report import (  # noqa: E402
     predict,
     summarize_part,
 )
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 OPTIMIZERS = {
     "adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-4, "weight_decay": 0.0}},

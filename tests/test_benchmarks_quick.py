@@ -85,7 +85,7 @@ def test_optimizer_memory_quick_fields_plots_and_readme(tmp_path: Path) -> None:
     readme = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")])
     text = readme.read_text()
     assert "## Optimizer memory and speed" in text and "| adamw |" in text
-    assert "_Not measured yet._ Run `.venv/bin/python benchmarks/quality.py --quick`" in text
+    assert "_Not measured yet._ Run `.venv/bin/python -m benchmarks.quality --quick`" in text
 
 
 def test_kl_overhead_share_skips_warmup_and_pairs_steps() -> None:
