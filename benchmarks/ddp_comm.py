@@ -173,7 +173,7 @@ def main(argv=None) -> dict:
     formula = projected_bytes(_shapes_of(model), RANK, GAP, OVERSAMPLE)
     projected = {name: projected_bytes(_real_shapes(name), RANK, GAP, OVERSAMPLE) for name in PROJECTED}
     result = {
-        "command": " ".join(["python", "benchmarks/ddp_comm.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.ddp_comm", *(argv if argv is not None else sys.argv[1:])]),
         "seconds": round(time.time() - started, 1),
         "load_start": load_start,
         "load_end": load_average(),

@@ -25,7 +25,12 @@ from benchmarks.run_all import FULL_ARGS, SCRIPTS
 
 COMMANDS = {  # exactly what `make bench` (run_all.py) runs for each result
     name: " ".join(
-        [".venv/bin/python", f"benchmarks/{FULL_ARGS.get(name, (name, []))[0]}.py", *FULL_ARGS.get(name, (name, []))[1]]
+        [
+            ".venv/bin/python",
+            "-m",
+            f"benchmarks.{FULL_ARGS.get(name, (name, []))[0]}",
+            *FULL_ARGS.get(name, (name, []))[1],
+        ]
     )
     for name in SCRIPTS
 }
@@ -60,7 +65,7 @@ def sections() -> list[str]:
 
 def _missing(name: str, quick: bool) -> list[str]:
     command = (
-        f".venv/bin/python benchmarks/{FULL_ARGS.get(name, (name, []))[0]}.py --quick" if quick else COMMANDS[name]
+        f".venv/bin/python -m benchmarks.{FULL_ARGS.get(name, (name, []))[0]} --quick" if quick else COMMANDS[name]
     )
     return [f"_Not measured yet._ Run `{command}`.", ""]
 

@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
     samples = read_samples(samples_path)
     result = {
-        "command": " ".join(["python", "benchmarks/soak.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.soak", *(argv if argv is not None else sys.argv[1:])]),
         "fit_command": " ".join(cmd[1:]),
         "returncode": rc,
         "seconds_this_segment": round(time.time() - started, 1),

@@ -52,7 +52,7 @@ def _check_rows_recorded(rows: list[dict], key: str, wanted: list[str]) -> None:
 
 def _check_header_loads(res: dict) -> None:
     assert set(res["load_start"]) == LOAD and set(res["load_end"]) == LOAD
-    assert res["command"].startswith("python benchmarks/") and res["wall_seconds"] > 0
+    assert res["command"].startswith("python -m benchmarks.") and res["wall_seconds"] > 0
 
 
 def _check_header(res: dict) -> None:
@@ -154,7 +154,7 @@ def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
 def test_plan_vs_measured_quick_fields_and_readme(tmp_path: Path) -> None:
     res = plan_vs_measured.main(["--quick", "--out", str(tmp_path / "plan_vs_measured_quick.json")])
     assert json.loads((tmp_path / "plan_vs_measured_quick.json").read_text()) == res
-    assert res["command"].startswith("python benchmarks/") and set(res["load_start"]) == LOAD
+    assert res["command"].startswith("python -m benchmarks.") and set(res["load_start"]) == LOAD
     assert res["summary"]["failed_rows"] == 0, [r.get("failed") for r in res["rows"]]
     for row in res["rows"]:
         assert {"params", "grads", "optimizer_state", "params_grads_state", "peak"} <= set(row["error"]["live"])
