@@ -368,7 +368,8 @@ def headline(found: dict) -> list[str]:
     whole = (
         f"{s['adamw_whole_logits_mb']:,.0f} MB"
         if s.get("adamw_whole_logits_mb")
-        else f"does not fit in 24 GiB (planned {s['adamw_whole_logits_planned_mb']:,.0f} MB)"
+        else "does not fit in this machine's memory (22 GiB of its 24; "
+        f"planned {s['adamw_whole_logits_planned_mb']:,.0f} MB)"
     )
     return [
         f"- Real vocabulary (Qwen2.5-0.5B shape, one RL step of {s['tokens']:,} tokens): AdamW with whole logits "

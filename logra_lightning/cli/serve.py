@@ -33,7 +33,8 @@ import sys
 from logra_lightning.rollout.vllm.plugin import BACKEND
 
 ENV = {"VLLM_SERVER_DEV_MODE": "1"}
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# CPU: a 1 GiB KV cache; oneDNN's kernel cache bounded as in the in-process engine (rollout/vllm/engine.py, 5)
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
 
 
 def _has_flag(args: list[str], flag: str) -> bool:

@@ -32,8 +32,8 @@ Choices:
    environment, still wins); on GPU the cache is sized by ``gpu_memory_utilization``.
 5. **oneDNN's kernel cache is bounded at 64 on CPU.** vLLM's CPU backend JIT-compiles a oneDNN
    matmul per batch-token count and weight shape and keeps it in oneDNN's process-wide cache
-   (1,024 entries by default, ~0.45 MB each); RL batches of ever new sizes grew the engine worker by
-   ~470 MB over 300 steps of the demo before that cache filled (``benchmarks/soak.py``). The engine
+   (1,024 entries by default, ~0.45 MB each); RL batches of ever new sizes grew the engine by 365 MB
+   over 300 steps of the demo, still growing (``benchmarks/soak.py``). The engine
    processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` (unless it is set), generation as
    fast within the noise. After each sync the worker hands its freed heap pages back to the OS
    (``malloc_trim``, :mod:`~logra_lightning.optim.host_memory`), so what glibc keeps of the sync's
