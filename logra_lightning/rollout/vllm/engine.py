@@ -63,7 +63,7 @@ from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, Sam
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.options import VLLMOptions, import_vllm, quiet_loggers
 from logra_lightning.rollout.vllm.plugin import BACKEND, check_installed
-from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender
+from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender, describe_unplaced
 
 GiB = 1 << 30
 ONEDNN_CACHE_CAPACITY = "64"  # choice 5
@@ -184,14 +184,12 @@ class VLLMEngine:
         try:
             self.init_info = self.init_transfer(expected)
             self._shadow_stale = False  # the engine holds the checkpoint, as the workers' copy does
-            unplaced = self.init_info.get("unplaced")
-            if unplaced:
-                shown = ", ".join(f"{n} {tuple(s)}" for n, s in unplaced[:5])
+            if self.init_info.get("unplaced"):
                 raise RuntimeError(
                     f"vLLM's {self.init_info.get('model_class')} for {self.model_path!r} does not load "
-                    f"{len(unplaced)} of the policy's parameters ({shown}{', ...' if len(unplaced) > 5 else ''}): "
-                    "weight syncs into it would be silently wrong. Is the policy the model at this path, and is "
-                    "its architecture one vLLM names its weights for (see logra_lightning.models.architectures)?"
+                    f"{describe_unplaced(self.init_info)}: weight syncs into it would be silently wrong. Is the "
+                    "policy the model at this path, and is its architecture one vLLM names its weights for "
+                    "(see logra_lightning.models.architectures)?"
                 )
         except RuntimeError:
             self.close()  # do not leave engine processes behind

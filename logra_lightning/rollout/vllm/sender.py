@@ -31,6 +31,13 @@ from logra_lightning.sync.channel import Channel
 from logra_lightning.sync.frames import Item, chunks, encode
 
 
+def describe_unplaced(report: dict) -> str:
+    """``N of the policy's parameters (name shape, ...)`` that an engine's init report says it could not place."""
+    unplaced = report.get("unplaced") or []
+    shown = ", ".join(f"{n} {tuple(s)}" for n, s in unplaced[:5])
+    return f"{len(unplaced)} of the policy's parameters ({shown}{', ...' if len(unplaced) > 5 else ''})"
+
+
 class LLMClient:
     """vLLM's weight-sync client protocol over an in-process ``vllm.LLM`` (its ``RLOfflineMixin`` methods)."""
 

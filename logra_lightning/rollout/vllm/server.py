@@ -61,7 +61,7 @@ from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.client import ServerClient, ServerError, ServerUnreachable
 from logra_lightning.rollout.vllm.options import SYNC_MODES, TRANSFER_BACKENDS
 from logra_lightning.rollout.vllm.plugin import BACKEND
-from logra_lightning.rollout.vllm.sender import LowRankSender, TransferError
+from logra_lightning.rollout.vllm.sender import LowRankSender, TransferError, describe_unplaced
 from logra_lightning.sync.channel import local_address
 
 GENERATE_ROUTE = "/inference/v1/generate"
@@ -207,13 +207,10 @@ class VLLMServerEngine:
 
     def _init_transfer(self) -> dict:
         report = self.sender.init(self.sync_mode, self.expected)
-        unplaced = report.get("unplaced")
-        if unplaced:
-            shown = ", ".join(f"{n} {tuple(s)}" for n, s in unplaced[:5])
+        if report.get("unplaced"):
             raise RuntimeError(
-                f"the vLLM server at {self.url} ({report.get('model_class')}) does not load {len(unplaced)} of the "
-                f"policy's parameters ({shown}{', ...' if len(unplaced) > 5 else ''}): is it serving the policy's "
-                "model?"
+                f"the vLLM server at {self.url} ({report.get('model_class')}) does not load "
+                f"{describe_unplaced(report)}: is it serving the policy's model?"
             )
         return report
 
