@@ -127,7 +127,10 @@ def test_parallel_processes_build_a_builtin_policy_once(tmp_path) -> None:
     cfg = dataclasses.replace(warmup.BUILTIN_MODELS["arithmetic-tiny-raw"], steps=3, test_size=8)
     (tmp_path / f"lock-test-{warmup._key(cfg)}.tmp999999999").mkdir()  # no such pid
     procs = [
-        subprocess.Popen([sys.executable, "-c", _RESOLVE], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)
+        subprocess.Popen(
+            [sys.executable, "-c", _RESOLVE], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs

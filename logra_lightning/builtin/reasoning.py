@@ -59,6 +59,7 @@ import importlib
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -294,6 +295,7 @@ def warm_up_reasoning(
                 print(
                     f"[reasoning warm-up] step {step + 1}/{cfg.steps} loss {loss:.4f} "
                     f"{time.perf_counter() - start:.0f} s",
+                    file=sys.stderr,
                     flush=True,
                 )
             if eval_every and (step + 1) % eval_every == 0 and step + 1 < cfg.steps:
@@ -306,6 +308,7 @@ def warm_up_reasoning(
                         f"{t} {a['greedy_accuracy']:.0%} ({a['greedy_accuracy_ignoring_suffix']:.0%})"
                         for t, a in acc.items()
                     ),
+                    file=sys.stderr,
                     flush=True,
                 )
 

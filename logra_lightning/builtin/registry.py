@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -104,7 +105,11 @@ def resolve_model(spec: str) -> str:
     try:
         lock.acquire(timeout=0)
     except Timeout:  # another process (a DDP rank, a parallel run) is building it: wait, then reuse it
-        print(f"[logra] waiting for another process to finish building {spec} in {target.parent}", flush=True)
+        print(
+            f"[logra] waiting for another process to finish building {spec} in {target.parent}",
+            file=sys.stderr,
+            flush=True,
+        )
         lock.acquire()
     try:
         if (target / "warmup.json").exists():
@@ -130,6 +135,7 @@ def resolve_model(spec: str) -> str:
             f" ({summary['test_accuracy_ignoring_suffix']:.1%} ignoring a trailing {cfg.noise_suffix!r})"
             if "test_accuracy_ignoring_suffix" in summary
             else ""
-        )
+        ),
+        file=sys.stderr,  # stdout stays the command's own output (`logra plan --json` is parsed)
     )
     return str(target)
