@@ -10,7 +10,8 @@ Per task, once: the base model's greedy pass@1, sampled pass@1 and pass@k on the
 majority-answer baseline (the accuracy of always giving the held-out set's most common answer).
 
 The whole table is hours of compute on 2 cores, so it is built one unit at a time; every finished unit is kept
-in ``--work-dir`` and read back with ``--reuse``::
+in ``--work-dir`` and read back with ``--reuse`` (which first restores, from the committed results file, the
+units a fresh clone's work directory lacks)::
 
     .venv/bin/python -m benchmarks.real_model_tasks --reuse --max-runs 1   # the next missing unit, the table so far
     .venv/bin/python -m benchmarks.real_model_tasks --reuse                # every missing unit
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import importlib
 import json
 import statistics
@@ -69,7 +71,7 @@ from benchmarks.report import Report, table
 
 MODEL = "builtin:smollm2-135m-instruct"
 WEIGHTS = "SmolLM2-135M-Instruct, the release's Q4_1 GGUF quantization dequantized to fp32"
-TASKS = ("basic_arithmetic", "gcd", "letter_counting")  # configs/smollm2_<task>.yaml
+TASKS = ("basic_arithmetic", "chain_sum", "gcd")  # configs/smollm2_<task>.yaml
 ROWS = ("adamw", "logra", "lora")
 SWEEP_LRS = {"adamw": [3e-6, 1e-5, 3e-5], "logra": [1e-5, 3e-5, 1e-4], "lora": [3e-5, 1e-4, 3e-4]}
 FULL = dict(steps=20, sweep_steps=10, sweep_task=TASKS[0], seeds=[0, 1], pass_k=8, test_size=None)
@@ -83,6 +85,24 @@ TARGETS = {"adamw_gain_points": 5.0, "logra_vs_adamw_points": 1.0, "logra_memory
 
 def config_path(task: str) -> Path:
     return CONFIGS / f"smollm2_{task}.yaml"
+
+
+def config_sha(task: str) -> str:
+    """The first 12 hex digits of the SHA-256 of ``task``'s config settings (comments excluded): a unit records
+    it, and a unit recorded under other settings is run again, not read back."""
+    settings = json.dumps(_load_yaml(config_path(task)), sort_keys=True)
+    return hashlib.sha256(settings.encode()).hexdigest()[:12]
+
+
+def finished(path: Path, task: str, steps: int | None = None) -> dict | None:
+    """The record at ``path`` if it was made with ``task``'s config as it is now (and ``steps``), else None."""
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("config_sha") != config_sha(task) or (steps is not None and record.get("steps") != steps):
+        print(f"{path}: recorded with another config or step count; running it again", flush=True)
+        return None
+    return record
 
 
 def _load_yaml(path: Path) -> dict:
@@ -101,8 +121,8 @@ def _instance(spec: dict):
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``c`` correct of ``n`` samples (Chen et al., 2021): ``1 - C(n-c, k) / C(n, k)``.
 
-    >>> pass_at_k(8, 0, 8), pass_at_k(8, 1, 8), pass_at_k(8, 4, 1)
-    (0.0, 1.0, 0.5)
+    >>> [round(pass_at_k(n, c, k), 6) for n, c, k in ((8, 0, 8), (8, 1, 8), (8, 4, 1), (8, 1, 2))]
+    [0.0, 1.0, 0.5, 0.25]
     """
     if n - c < k:
         return 1.0
@@ -190,8 +210,8 @@ def measure_base(task: str, k: int, test_size: int | None, model: str | None, hf
 def base_unit(task: str, k: int, test_size: int | None, model: str | None, quick: bool, work_dir: Path, reuse: bool):
     """The base model's pass@k on ``task`` (read back with ``reuse``), measured in a worker process."""
     out = work_dir / f"base_{task}" / BASE_FILE
-    if reuse and out.is_file():
-        return json.loads(out.read_text()), False
+    if reuse and (record := finished(out, task)):
+        return record, False
     args = ["--worker-base", task, "--pass-k", str(k)]
     args += ["--test-size", str(test_size)] if test_size else []
     args += ["--model", model] if model else []
@@ -200,7 +220,7 @@ def base_unit(task: str, k: int, test_size: int | None, model: str | None, quick
     row, why = run_worker(Path(__file__), args, work_dir / f"base_{task}" / "worker.json", timeout=3600)
     if row is None:
         return {"task": task, "ok": False, "error": why}, True
-    row.update(ok=True, load_before=load_before, load_after=load_average())
+    row.update(ok=True, config_sha=config_sha(task), load_before=load_before, load_after=load_average())
     out.write_text(json.dumps(row, indent=2))
     print(
         f"base {task}: greedy {row['greedy_pass1']:.3f}, sampled pass@1 {row['sampled_pass_at']['1']:.3f}, "
@@ -240,10 +260,10 @@ def run_unit(
     reuse: bool,
 ) -> tuple[dict, bool]:
     """One ``logra fit`` of ``task`` with ``row`` at ``lr`` (read back with ``reuse``); ``(record, ran)``."""
-    name = f"{tag}{task}_{row}_lr{lr:g}_seed{seed}"
-    log_dir = work_dir / name / "version_0"
-    if reuse and (log_dir / RUN_FILE).is_file():
-        return json.loads((log_dir / RUN_FILE).read_text()), False
+    log_dir = _run_dir(work_dir, tag, task, row, lr, seed)
+    name = log_dir.parent.name
+    if reuse and (record := finished(log_dir / RUN_FILE, task, steps)):
+        return record, False
     args = [
         "--trainer.max_steps",
         str(steps),
@@ -263,7 +283,7 @@ def run_unit(
         {"class_path": "benchmarks.held_out_answers.HeldOutAnswers"},
     ]
     res = logra_fit(name, config, args, callbacks=callbacks, work_dir=work_dir, timeout=3 * 3600)
-    run = {"task": task, "row": row, "lr": lr, "seed": seed, "steps": steps}
+    run = {"task": task, "row": row, "lr": lr, "seed": seed, "steps": steps, "config_sha": config_sha(task)}
     run.update(
         ok=res["ok"],
         seconds=res["seconds"],
@@ -440,6 +460,9 @@ def main(argv=None) -> dict:
         extra += ["--model.model", model]
     if test_size:
         extra += ["--data.val.init_args.test_size", str(test_size), "--data.train.init_args.test_size", str(test_size)]
+    out = Path(args.out) if args.out else RESULTS / f"real_model_tasks{'_quick' if args.quick else ''}.json"
+    if args.reuse:
+        restore_units(out, work_dir)
     why = lora_pending()
     pending = {"lora": why} if why and "lora" in args.rows else {}
     rows = [r for r in args.rows if r not in pending]
@@ -451,7 +474,7 @@ def main(argv=None) -> dict:
 
     base, missing = {}, []
     for task in args.tasks:
-        if not spend() and not (args.reuse and (work_dir / f"base_{task}" / BASE_FILE).is_file()):
+        if not spend() and not (args.reuse and finished(work_dir / f"base_{task}" / BASE_FILE, task)):
             missing.append(f"base {task}")
             continue
         base[task], new = base_unit(task, k, test_size, model, args.quick, work_dir, args.reuse)
@@ -523,7 +546,6 @@ def main(argv=None) -> dict:
         "sweep_runs": sweep_runs,
         "runs": runs,
     }
-    out = Path(args.out) if args.out else RESULTS / f"real_model_tasks{'_quick' if args.quick else ''}.json"
     write_result(out, result)
     if runs:
         import matplotlib
@@ -538,12 +560,43 @@ def main(argv=None) -> dict:
     return result
 
 
+def _run_dir(work_dir: Path, tag: str, task: str, row: str, lr: float, seed: int) -> Path:
+    return work_dir / f"{tag}{task}_{row}_lr{lr:g}_seed{seed}" / "version_0"
+
+
+def restore_units(results: Path, work_dir: Path) -> int:
+    """Write the finished units recorded in ``results`` back into ``work_dir`` where it lacks them.
+
+    The work directory is git-ignored; the results file is committed after every sitting. So a fresh clone
+    resumes the table where the last sitting stopped instead of running hours of units again. Returns how many
+    units were restored.
+    """
+    if not results.is_file():
+        return 0
+    prev, restored = json.loads(results.read_text()), 0
+
+    def put(path: Path, record: dict) -> None:
+        nonlocal restored
+        if record.get("ok") and not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=2))
+            restored += 1
+
+    for task, record in prev.get("base", {}).items():
+        put(work_dir / f"base_{task}" / BASE_FILE, record)
+    for tag, records in (("sweep_", prev.get("sweep_runs", [])), ("", prev.get("runs", []))):
+        for r in records:
+            put(_run_dir(work_dir, tag, r["task"], r["row"], r["lr"], r["seed"]) / RUN_FILE, r)
+    if restored:
+        print(f"restored {restored} finished units from {results} into {work_dir}", flush=True)
+    return restored
+
+
 def _unit(unit: tuple, reuse: bool, may_run: bool) -> tuple[dict | None, bool]:
     """A run unit: read back if finished (with ``reuse``), run it if allowed, else ``(None, False)``."""
     task, row, lr, seed, steps, extra, work_dir, tag = unit
-    log_dir = work_dir / f"{tag}{task}_{row}_lr{lr:g}_seed{seed}" / "version_0"
-    if reuse and (log_dir / RUN_FILE).is_file():
-        return json.loads((log_dir / RUN_FILE).read_text()), False
+    if reuse and (record := finished(_run_dir(work_dir, tag, task, row, lr, seed) / RUN_FILE, task, steps)):
+        return record, False
     if not may_run:
         return None, False
     return run_unit(*unit, reuse=reuse)
