@@ -541,6 +541,7 @@ def main(argv=None) -> dict:
                 "lrs": {row: SWEEP_LRS[row][:n_lrs] for row in rows if row not in fixed},
             },
             "lrs": lrs,
+            "sweep_done": sweep_done,
             "row_args": {row: row_args(row, lrs[row] or 0.0) for row in rows},
             "pending": pending,
             "quick": args.quick,
@@ -617,7 +618,11 @@ def _pct(x: float | None) -> str:
 def section(res: dict) -> tuple[list[str], dict]:
     """The README section (Markdown lines) of a results dict, and its summary for the headline."""
     st, summ = res["settings"], res["summary"]
-    lrs = ", ".join(f"{row} {lr:g}" for row, lr in st["lrs"].items() if lr is not None)
+    lrs = ", ".join(
+        f"{row} {lr:g}" + ("" if st.get("sweep_done", {}).get(row, True) else " (best so far; sweep not finished)")
+        for row, lr in st["lrs"].items()
+        if lr is not None
+    )
     scores = "; ".join(
         f"{row}: " + ", ".join(f"{lr} → {100 * v:.1f}%" for lr, v in s["validation_accuracy"].items())
         for row, s in res.get("sweep", {}).items()
@@ -702,7 +707,7 @@ def section(res: dict) -> tuple[list[str], dict]:
         "training memory vs AdamW, % lower",
         "s/step",
     ]
-    out += table(header, rows)
+    out += table(header, rows) if rows else ["No table run has finished yet."]
     t = summ.get("targets", {})
     lines = []
     if "adamw_gain_points" in t:
