@@ -214,11 +214,16 @@ def measure_base(task: str, k: int, test_size: int | None, model: str | None, hf
     }
 
 
-def base_unit(task: str, k: int, test_size: int | None, model: str | None, quick: bool, work_dir: Path, reuse: bool):
-    """The base model's pass@k on ``task`` (read back with ``reuse``), measured in a worker process."""
+def base_unit(
+    task: str, k: int, test_size: int | None, model: str | None, quick: bool, work_dir: Path, reuse: bool, may_run: bool
+) -> tuple[dict | None, bool]:
+    """The base model's pass@k on ``task``: read back (with ``reuse``), else measured in a worker process if
+    ``may_run``, else ``(None, False)``."""
     out = work_dir / f"base_{task}" / BASE_FILE
     if reuse and (record := finished(out, task)):
         return record, False
+    if not may_run:
+        return None, False
     args = ["--worker-base", task, "--pass-k", str(k)]
     args += ["--test-size", str(test_size)] if test_size else []
     args += ["--model", model] if model else []
@@ -264,13 +269,10 @@ def run_unit(
     extra: list[str],
     work_dir: Path,
     tag: str,
-    reuse: bool,
 ) -> tuple[dict, bool]:
-    """One ``logra fit`` of ``task`` with ``row`` at ``lr`` (read back with ``reuse``); ``(record, ran)``."""
+    """One ``logra fit`` of ``task`` with ``row`` at ``lr``; ``_unit`` reads back finished ones."""
     log_dir = _run_dir(work_dir, tag, task, row, lr, seed)
     name = log_dir.parent.name
-    if reuse and (record := finished(log_dir / RUN_FILE, task, steps)):
-        return record, False
     args = [
         "--trainer.max_steps",
         str(steps),
@@ -481,11 +483,12 @@ def main(argv=None) -> dict:
 
     base, missing = {}, []
     for task in args.tasks:
-        if not spend() and not (args.reuse and finished(work_dir / f"base_{task}" / BASE_FILE, task)):
-            missing.append(f"base {task}")
-            continue
-        base[task], new = base_unit(task, k, test_size, model, args.quick, work_dir, args.reuse)
+        record, new = base_unit(task, k, test_size, model, args.quick, work_dir, args.reuse, spend())
         ran += new
+        if record is None:
+            missing.append(f"base {task}")
+        else:
+            base[task] = record
     n_lrs = SWEEP_LR_COUNT["quick" if args.quick else "full"]
     sweep_data = [
         "--data.train.init_args.seed",
@@ -502,7 +505,7 @@ def main(argv=None) -> dict:
             (sweep_runs.append(run) if run else missing.append(f"sweep {row} lr {lr:g}"))
     sweep = pick_by_validation([r for r in sweep_runs if r["ok"]]) if sweep_runs else {}
     lrs = {row: fixed.get(row, (sweep.get(row) or {}).get("lr")) for row in rows}
-    sweep_done = {row: row in fixed or all(not m.startswith(f"sweep {row} ") for m in missing) for row in rows}
+    sweep_done = {row: sweep_finished(missing, row) for row in rows}
     runs = []
     for seed in seeds:
         for task in args.tasks:
@@ -541,7 +544,6 @@ def main(argv=None) -> dict:
                 "lrs": {row: SWEEP_LRS[row][:n_lrs] for row in rows if row not in fixed},
             },
             "lrs": lrs,
-            "sweep_done": sweep_done,
             "row_args": {row: row_args(row, lrs[row] or 0.0) for row in rows},
             "pending": pending,
             "quick": args.quick,
@@ -566,6 +568,16 @@ def main(argv=None) -> dict:
         fig.savefig(out.with_suffix(".png"), dpi=110)
         plt.close(fig)
     return result
+
+
+def sweep_finished(missing: list[str], row: str) -> bool:
+    """Whether no sweep unit of ``row`` is among ``missing`` (a row with a fixed ``--lr`` has none).
+
+    >>> missing = ["sweep lora lr 0.0001", "gcd adamw seed 0"]
+    >>> sweep_finished(missing, "adamw"), sweep_finished(missing, "lora")
+    (True, False)
+    """
+    return not any(m.startswith(f"sweep {row} ") for m in missing)
 
 
 def _run_dir(work_dir: Path, tag: str, task: str, row: str, lr: float, seed: int) -> Path:
@@ -607,7 +619,7 @@ def _unit(unit: tuple, reuse: bool, may_run: bool) -> tuple[dict | None, bool]:
         return record, False
     if not may_run:
         return None, False
-    return run_unit(*unit, reuse=reuse)
+    return run_unit(*unit)
 
 
 # ------------------------------------------------------------------ report
@@ -619,7 +631,7 @@ def section(res: dict) -> tuple[list[str], dict]:
     """The README section (Markdown lines) of a results dict, and its summary for the headline."""
     st, summ = res["settings"], res["summary"]
     lrs = ", ".join(
-        f"{row} {lr:g}" + ("" if st.get("sweep_done", {}).get(row, True) else " (best so far; sweep not finished)")
+        f"{row} {lr:g}" + ("" if sweep_finished(res["missing"], row) else " (best so far; sweep not finished)")
         for row, lr in st["lrs"].items()
         if lr is not None
     )
