@@ -786,7 +786,8 @@ def plot(res: dict, plt):
         ax.set_xticks(range(len(tasks)), tasks)
         ax.legend(fontsize=7)
     st = res["settings"]
-    fig.suptitle(f"{st['weights']}: {st['steps']} RL steps, seeds {st['seeds']}", fontsize=10)
+    ran = sorted({r["seed"] for r in res["runs"]})
+    fig.suptitle(f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}", fontsize=10)
     return fig
 
 
