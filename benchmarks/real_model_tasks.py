@@ -91,13 +91,16 @@ def config_path(task: str) -> Path:
 # How rows are split into forward/backward passes changes memory and time, not the losses or the gradients (equal
 # to the whole batch's: tests/test_token_budget.py), so it is not part of a unit's identity.
 EXECUTION_ONLY = ("micro_batch_size", "max_tokens_per_micro_batch")
+# Every RL unit passes its row's own `--model.optimizer` (row_args) and the base unit trains nothing, so the config's
+# optimizer never runs in a unit; it is left out too, so that it can be the sweep's pick for a plain `logra fit`.
+OVERRIDDEN = ("optimizer",)
 
 
 def config_sha(task: str) -> str:
-    """The first 12 hex digits of the SHA-256 of ``task``'s config settings (comments and :data:`EXECUTION_ONLY`
-    model keys excluded): a unit records it, and a unit recorded under other settings is run again."""
+    """The first 12 hex digits of the SHA-256 of ``task``'s config settings (comments, :data:`EXECUTION_ONLY` and
+    :data:`OVERRIDDEN` model keys excluded): a unit records it, and a unit recorded under other settings runs again."""
     settings = _load_yaml(config_path(task))
-    settings["model"] = {k: v for k, v in settings["model"].items() if k not in EXECUTION_ONLY}
+    settings["model"] = {k: v for k, v in settings["model"].items() if k not in EXECUTION_ONLY + OVERRIDDEN}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -341,43 +344,82 @@ def pick_by_validation(sweep_runs: list[dict]) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------ summary
+# A run whose held-out answers after RL are at least this share one answer has learned a constant, not the task
+# (gcd's `1` is right on 53% of its problems): a task where any row did so is left out of the targets.
+COLLAPSE_SHARE = 0.9
+
+
+def collapsed_tasks(runs: list[dict]) -> list[str]:
+    """Tasks on which some finished run answers one value on >= :data:`COLLAPSE_SHARE` of the held-out problems.
+
+    >>> after = lambda share: {"answers": {"after": {"top_answer": "1", "top_answer_share": share}}}
+    >>> collapsed_tasks([{"task": "gcd", "ok": True, **after(1.0)}, {"task": "chain_sum", "ok": True, **after(0.2)}])
+    ['gcd']
+    """
+    return sorted(
+        {
+            r["task"]
+            for r in runs
+            if r["ok"] and ((r.get("answers") or {}).get("after") or {}).get("top_answer_share", 0) >= COLLAPSE_SHARE
+        }
+    )
+
+
+def _row_means(got: list[dict]) -> dict:
+    mean = lambda f: statistics.fmean(f(r) for r in got)  # noqa: E731
+    return {
+        "acc_before": 100 * mean(lambda r: r["accuracy_before"]),
+        "acc_after": 100 * mean(lambda r: r["accuracy_after"]),
+        "rl_gain_points": 100 * mean(lambda r: r["accuracy_after"] - r["accuracy_before"]),
+        "training_memory_mb": mean(lambda r: r["memory"]["train_memory_bytes"]) / 1e6,
+        "peak_rss_mb": mean(lambda r: r["memory"]["peak_rss_bytes"]) / 1e6,
+        "state_mb": mean(lambda r: r["memory"]["state_bytes"]) / 1e6,
+        "s_per_step": mean(lambda r: r["step_seconds_median"]),
+        "runs": len(got),
+        "tasks": sorted({r["task"] for r in got}),
+        "seeds": sorted({r["seed"] for r in got}),
+    }
+
+
+def _targets(ok: list[dict]) -> dict:
+    """The issue's targets over ``ok``: AdamW's mean gain, and LoGRA against AdamW on the (task, seed) both ran."""
+    adamw = {(r["task"], r["seed"]): r for r in ok if r["row"] == "adamw"}
+    logra = {(r["task"], r["seed"]): r for r in ok if r["row"] == "logra"}
+    targets = {}
+    if adamw:
+        gain = _row_means(list(adamw.values()))["rl_gain_points"]
+        over = sorted({t for t, _ in adamw})
+        targets["adamw_gain_points"] = {"value": gain, "target": TARGETS["adamw_gain_points"], "met": gain >= 5.0}
+        targets["adamw_gain_points"]["tasks"] = over
+    pairs = sorted(set(adamw) & set(logra))
+    if pairs:
+        a, lo = _row_means([adamw[p] for p in pairs]), _row_means([logra[p] for p in pairs])
+        diff, ratio = lo["acc_after"] - a["acc_after"], lo["training_memory_mb"] / a["training_memory_mb"]
+        over = sorted({t for t, _ in pairs})
+        targets["logra_vs_adamw_points"] = {"value": diff, "target": -1.0, "met": diff >= -1.0, "tasks": over}
+        targets["logra_memory_ratio"] = {"value": ratio, "target": 0.5, "met": ratio <= 0.5, "tasks": over}
+    return targets
+
+
 def table_summary(runs: list[dict], rows: list[str], tasks: list[str], base: dict) -> dict:
-    """The issue's ``summary``: per row, averages over tasks and seeds; plus per-task detail and the targets."""
+    """The issue's ``summary``: per row, averages over tasks and seeds; plus per-task detail and the targets.
+
+    ``rows`` averages every finished run; the targets leave out :func:`collapsed_tasks` (and ``rows_excluding_
+    collapsed`` averages the rest), and compare LoGRA with AdamW only where both ran.
+    """
     detail = summarize(runs, rows)
     ok = [r for r in runs if r["ok"]]
-    out_rows = {}
-    for row in rows:
-        got = [r for r in ok if r["row"] == row]
-        if not got:
-            continue
-        mean = lambda f: statistics.fmean(f(r) for r in got)  # noqa: E731
-        out_rows[row] = {
-            "acc_before": 100 * mean(lambda r: r["accuracy_before"]),
-            "acc_after": 100 * mean(lambda r: r["accuracy_after"]),
-            "rl_gain_points": 100 * mean(lambda r: r["accuracy_after"] - r["accuracy_before"]),
-            "training_memory_mb": mean(lambda r: r["memory"]["train_memory_bytes"]) / 1e6,
-            "peak_rss_mb": mean(lambda r: r["memory"]["peak_rss_bytes"]) / 1e6,
-            "state_mb": mean(lambda r: r["memory"]["state_bytes"]) / 1e6,
-            "s_per_step": mean(lambda r: r["step_seconds_median"]),
-            "runs": len(got),
-            "tasks": sorted({r["task"] for r in got}),
-            "seeds": sorted({r["seed"] for r in got}),
-        }
-    targets = {}
-    if "adamw" in out_rows:
-        gain = out_rows["adamw"]["rl_gain_points"]
-        targets["adamw_gain_points"] = {"value": gain, "target": TARGETS["adamw_gain_points"], "met": gain >= 5.0}
-    if "adamw" in out_rows and "logra" in out_rows:
-        diff = out_rows["logra"]["acc_after"] - out_rows["adamw"]["acc_after"]
-        ratio = out_rows["logra"]["training_memory_mb"] / out_rows["adamw"]["training_memory_mb"]
-        targets["logra_vs_adamw_points"] = {"value": diff, "target": -1.0, "met": diff >= -1.0}
-        targets["logra_memory_ratio"] = {"value": ratio, "target": 0.5, "met": ratio <= 0.5}
+    collapsed = collapsed_tasks(ok)
+    kept = [r for r in ok if r["task"] not in collapsed]
+    by_row = lambda got: {row: _row_means(g) for row in rows if (g := [r for r in got if r["row"] == row])}  # noqa: E731
     base_rows = {t: {k: v for k, v in b.items() if k != "examples"} for t, b in base.items() if b.get("ok")}
     return {
         "model": f"{MODEL} ({WEIGHTS})",
         "tasks": tasks,
-        "rows": out_rows,
-        "targets": targets,
+        "rows": by_row(ok),
+        "collapsed_tasks": collapsed,
+        "rows_excluding_collapsed": by_row(kept),
+        "targets": _targets(kept),
         "base": base_rows,
         "per_task": detail["per_task"],
         "average": detail["average"],
@@ -681,6 +723,13 @@ def section(res: dict) -> tuple[list[str], dict]:
             base_rows,
         )
         out += [""]
+    top = {}  # (task, row) -> the most common held-out answer after RL and its share, per seed
+    for r in res["runs"]:
+        after = ((r.get("answers") or {}).get("after")) or {}
+        if r["ok"] and after:
+            top.setdefault((r["task"], r["row"]), []).append(
+                f"`{after['top_answer']}` {_pct(after['top_answer_share'])}"
+            )
     rows = []
     for task, per_row in summ["per_task"].items():
         for row, e in per_row.items():
@@ -690,30 +739,38 @@ def section(res: dict) -> tuple[list[str], dict]:
                     row,
                     _pm(e["accuracy_before"], 100),
                     _pm(e["accuracy_after"], 100),
+                    ", ".join(top.get((task, row), [])) or "–",
                     _pm(e["train_memory_bytes"], 1e-6, ".0f"),
                     _pm(e["peak_rss_bytes"], 1e-6, ".0f"),
                     _pm(e.get("train_memory_bytes_reduction_vs_adamw"), 100),
                     f"{e['step_seconds_median']:.0f}",
                 ]
             )
-    for row, a in summ["rows"].items():
-        rows.append(
-            [
-                "**average**",
-                row,
-                f"{a['acc_before']:.1f}",
-                f"**{a['acc_after']:.1f}**",
-                f"**{a['training_memory_mb']:.0f}**",
-                f"{a['peak_rss_mb']:.0f}",
-                "",
-                f"{a['s_per_step']:.0f}",
-            ]
-        )
+    collapsed = summ.get("collapsed_tasks", [])
+    averages = [("**average**", summ["rows"])]
+    if collapsed:
+        averages.append((f"**average without {', '.join(collapsed)}**", summ["rows_excluding_collapsed"]))
+    for label, row_means in averages:
+        for row, a in row_means.items():
+            rows.append(
+                [
+                    label,
+                    row,
+                    f"{a['acc_before']:.1f}",
+                    f"**{a['acc_after']:.1f}**",
+                    "",
+                    f"**{a['training_memory_mb']:.0f}**",
+                    f"{a['peak_rss_mb']:.0f}",
+                    "",
+                    f"{a['s_per_step']:.0f}",
+                ]
+            )
     header = [
         "task",
         "row",
         "held-out greedy acc. before, %",
         "after RL, %",
+        "most common answer after RL (share, %)",
         "training memory, MB",
         "trainer peak RSS, MB",
         "training memory vs AdamW, % lower",
@@ -721,16 +778,30 @@ def section(res: dict) -> tuple[list[str], dict]:
     ]
     out += table(header, rows) if rows else ["No table run has finished yet."]
     t = summ.get("targets", {})
+    over = lambda key: ", ".join(t[key].get("tasks", []))  # noqa: E731
     lines = []
     if "adamw_gain_points" in t:
-        lines.append(f"AdamW's average RL gain {t['adamw_gain_points']['value']:+.1f} points (target ≥ +5)")
+        lines.append(
+            f"AdamW's average RL gain {t['adamw_gain_points']['value']:+.1f} points (target ≥ +5; on "
+            f"{over('adamw_gain_points')})"
+        )
     if "logra_vs_adamw_points" in t:
-        lines.append(f"LoGRA after RL {t['logra_vs_adamw_points']['value']:+.1f} points vs AdamW (target ≥ −1)")
+        lines.append(
+            f"LoGRA after RL {t['logra_vs_adamw_points']['value']:+.1f} points vs AdamW (target ≥ −1; on "
+            f"{over('logra_vs_adamw_points')}, where both ran)"
+        )
         lines.append(
             f"LoGRA's training memory {t['logra_memory_ratio']['value']:.2f}× AdamW's (target ≤ 0.5×; paper: "
             f"{100 * st['paper_reduction']:.1f}% lower)"
         )
     out += ["", "; ".join(lines) + "." if lines else "", ""]
+    if collapsed:
+        out += [
+            f"**Left out of the targets: {', '.join(collapsed)}** — a run there answers one value on at least "
+            f"{COLLAPSE_SHARE:.0%} of the held-out problems after RL (the most-common-answer column): it learned the "
+            "task's most common answer, not the task, and its accuracy is that answer's share.",
+            "",
+        ]
     out += [
         "Values are mean ± std over seeds; the average rows average tasks and seeds. Training memory is the trainer "
         "process's peak RSS minus its RSS before the policy was built (the vLLM engine runs in processes of its own).",
@@ -744,9 +815,17 @@ def headline(found: dict) -> list[str]:
     rows = got.get("rows", {})
     if "adamw" not in rows or "logra" not in rows:
         return []
+    collapsed = got.get("collapsed_tasks", [])
+    if collapsed:
+        rows = got.get("rows_excluding_collapsed", {})
+        if "adamw" not in rows or "logra" not in rows:
+            return []
     a, lo = rows["adamw"], rows["logra"]
+    tasks = [t for t in got["tasks"] if t not in collapsed]
+    left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""
     return [
-        f"- Real pretrained LLM ({MODEL}, {len(got['tasks'])} reasoning-gym tasks, {got['steps']} RL steps, vLLM): "
+        f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {got['steps']} RL steps, "
+        "vLLM): "
         f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%; "
         f"LoGRA's training memory {lo['training_memory_mb']:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
         f"({100 * (1 - lo['training_memory_mb'] / a['training_memory_mb']):.1f}% lower; "

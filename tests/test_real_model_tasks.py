@@ -69,3 +69,51 @@ def test_a_unit_recorded_under_another_config_or_step_count_runs_again(tmp_path:
         assert rmt._unit(unit, reuse=True, may_run=False) == (None, False)
     path.write_text(json.dumps(record))
     assert rmt._unit(unit, reuse=True, may_run=False) == (record, False)
+
+
+def _finished(task: str, row: str, seed: int, before: float, after: float, mb: float, top_share: float) -> dict:
+    memory = {"train_memory_bytes": mb * 1e6, "peak_rss_bytes": mb * 1e6, "state_bytes": mb * 1e5}
+    memory |= {"optimizer_state_bytes": 0, "grad_bytes": 0}
+    answers = {"after": {"top_answer": "1", "top_answer_share": top_share}}
+    return _run(task, row, 3e-5, seed) | {
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "memory": memory,
+        "step_seconds_median": 1.0,
+        "answers": answers,
+    }
+
+
+def test_the_targets_leave_out_a_task_where_a_row_learned_one_answer_and_pair_logra_with_adamw() -> None:
+    runs = [
+        _finished("chain_sum", "adamw", 0, 0.10, 0.30, 3000, 0.2),
+        _finished("chain_sum", "logra", 0, 0.10, 0.32, 1200, 0.2),
+        _finished("gcd", "adamw", 0, 0.25, 0.53, 3000, 1.0),  # answers `1` everywhere: gcd leaves the targets
+        _finished("gcd", "logra", 0, 0.25, 0.40, 1200, 0.6),
+        _finished("basic_arithmetic", "adamw", 0, 0.20, 0.26, 3000, 0.1),  # no LoGRA run here yet
+    ]
+    summary = rmt.table_summary(runs, ["adamw", "logra"], ["basic_arithmetic", "chain_sum", "gcd"], {})
+    assert summary["collapsed_tasks"] == ["gcd"]
+    assert summary["rows"]["adamw"]["runs"] == 3 and summary["rows_excluding_collapsed"]["adamw"]["runs"] == 2
+    t = summary["targets"]
+    assert t["adamw_gain_points"]["tasks"] == ["basic_arithmetic", "chain_sum"]
+    assert abs(t["adamw_gain_points"]["value"] - 13.0) < 1e-9  # (20 + 6) / 2
+    assert t["logra_vs_adamw_points"]["tasks"] == ["chain_sum"]  # only where both rows ran
+    assert abs(t["logra_vs_adamw_points"]["value"] - 2.0) < 1e-9
+    assert abs(t["logra_memory_ratio"]["value"] - 0.4) < 1e-9 and t["logra_memory_ratio"]["met"]
+
+
+def test_the_config_optimizer_and_micro_batching_are_not_part_of_a_units_identity(tmp_path: Path, monkeypatch) -> None:
+    text = rmt.config_path("chain_sum").read_text()
+    copy = tmp_path / "smollm2_chain_sum.yaml"
+    monkeypatch.setattr(rmt, "config_path", lambda task: copy)
+    copy.write_text(text)
+    sha = rmt.config_sha("chain_sum")
+    for old, new, same in (
+        ("lr: 3.0e-5, rank: 16", "lr: 1.0e-3, rank: 4", True),  # every RL unit passes its row's optimizer
+        ("micro_batch_size: 8", "micro_batch_size: 2", True),  # equal losses and gradients
+        ("max_new_tokens: 8", "max_new_tokens: 16", False),
+    ):
+        assert old in text
+        copy.write_text(text.replace(old, new))
+        assert (rmt.config_sha("chain_sum") == sha) is same, (old, new)
