@@ -389,8 +389,8 @@ def _targets(ok: list[dict]) -> dict:
     if adamw:
         gain = _row_means(list(adamw.values()))["rl_gain_points"]
         over = sorted({t for t, _ in adamw})
-        targets["adamw_gain_points"] = {"value": gain, "target": TARGETS["adamw_gain_points"], "met": gain >= 5.0}
-        targets["adamw_gain_points"]["tasks"] = over
+        target = TARGETS["adamw_gain_points"]
+        targets["adamw_gain_points"] = {"value": gain, "target": target, "met": gain >= target, "tasks": over}
     pairs = sorted(set(adamw) & set(logra))
     if pairs:
         a, lo = _row_means([adamw[p] for p in pairs]), _row_means([logra[p] for p in pairs])
