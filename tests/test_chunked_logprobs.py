@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ranks import init_gloo, spawn_ranks
 from transformers import AutoModelForCausalLM
 
 from logra_lightning.models.architectures import ARCHITECTURES, tiny_hf_config
@@ -212,7 +213,7 @@ def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
     from logra_lightning.models.fsdp import shard_policy
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
+    init_gloo(rank, 2, out_dir)
     try:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
         seqs = batch(n=4).rows(slice(2 * rank, 2 * rank + 2)).trimmed()
@@ -241,12 +242,11 @@ def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
 def test_fsdp2_chunked_gradients_equal_one_process(tmp_path, tie) -> None:
     """Under FSDP2 (2 CPU processes) the chunked head's gradients, reduce-scattered with the rest, equal one
     process's whole-logits gradients; the root unit is resharded once backward has passed the head and final norm."""
-    import torch.multiprocessing as mp
 
     from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 
     path = build_tiny_model(tmp_path / "m", TinyModelConfig(num_layers=2, tie_word_embeddings=tie))
-    mp.spawn(_fsdp_worker, args=([path], str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_fsdp_worker, ([path], str(tmp_path)), nprocs=2)
     model, _ = load_policy(path)
     seqs = batch(n=4)
     lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=None)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import init_gloo, spawn_ranks
 
 from logra_lightning.optim import LoGRA, keep_out_of_ddp, logra_param_groups
 
@@ -152,7 +152,7 @@ def _train(model, opt, rows: slice, steps: int = 4) -> None:
 
 def _worker(rank: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2)
+    init_gloo(rank, 2, out)
     try:
         model = _model()
         if rank == 1:  # different start weights: LoGRA must broadcast what it keeps out of DDP
@@ -187,7 +187,7 @@ def _worker(rank: int, out: str) -> None:
 
 
 def test_sketch_all_reduce_matches_one_process(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    spawn_ranks(_worker, (str(tmp_path),), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     model = _model()
     start = model.b.weight.detach().clone()

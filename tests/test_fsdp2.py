@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import init_gloo, spawn_ranks
 
 from logra_lightning.errors import ConfigError
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
@@ -78,7 +78,7 @@ def _worker(rank: int, model_dir: str, out_dir: str, variants: tuple[str, ...] =
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=WORLD)
+    init_gloo(rank, WORLD, out_dir)
     try:
         # the mesh Lightning's ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) builds
         mesh = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
@@ -106,7 +106,7 @@ def test_fsdp2_logra_equals_single_process(tmp_path):
     model_dir = build_tiny_model(tmp_path / "model", CONFIG)
     out = tmp_path / "out"
     out.mkdir()
-    mp.spawn(_worker, args=(model_dir, str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (model_dir, str(out)), nprocs=WORLD)
 
     for variant, (_, micro) in VARIANTS.items():
         model, _ = load_policy(model_dir)
@@ -154,7 +154,7 @@ def test_fsdp2_logra_equals_single_process_per_family(tmp_path, arch):
     )
     out = tmp_path / "out"
     out.mkdir()
-    mp.spawn(_worker, args=(model_dir, str(out), ("randomized",)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (model_dir, str(out), ("randomized",)), nprocs=WORLD)
     model, _ = load_policy(model_dir)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     train(model, make_optimizer(model, "randomized"), slice(None), 1)

@@ -22,7 +22,7 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import init_gloo, spawn_ranks
 
 from logra_lightning.rl.module import PolicyGradientModule
 
@@ -243,7 +243,7 @@ def _sharded_worker(rank: int, model_dir: str, out_dir: str) -> None:
     from logra_lightning.optim import LoGRA
     from logra_lightning.sync.gather import gather_update_factors
 
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=WORLD)
+    init_gloo(rank, WORLD, out_dir)
     try:
         mesh = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
         model = shard_policy(load_policy(model_dir)[0], mesh)
@@ -304,7 +304,7 @@ def sharded_run(tmp_path_factory) -> list[dict]:
     model_dir = build_tiny_model(tmp / "model", TinyModelConfig(num_layers=1, intermediate_size=351))
     out = tmp / "out"
     out.mkdir()
-    mp.spawn(_sharded_worker, args=(model_dir, str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_sharded_worker, (model_dir, str(out)), nprocs=WORLD)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ranks import init_gloo, spawn_ranks
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from logra_lightning.models.shapes import architecture_from_config, load_architecture, shipped_shapes
@@ -415,10 +416,9 @@ def test_invalid_inputs_exit_2_naming_the_field(tmp_path, capsys, args, expected
 
 def test_per_rank_bytes_match_a_real_fsdp2_run(tmp_path):
     """Two gloo processes shard a tiny Qwen2 (uneven rows) with FSDP2 and take one real step."""
-    import torch.multiprocessing as mp
 
     cfg = dict(FAMILIES["qwen2_untied"], vocab_size=301, intermediate_size=150)
-    mp.spawn(_fsdp2_worker, args=(cfg, str(tmp_path)), nprocs=2)
+    spawn_ranks(_fsdp2_worker, (cfg, str(tmp_path)), nprocs=2)
     arch = architecture_from_config(cfg)
     got = json.loads((tmp_path / "rank0.json").read_text())  # rank 0 holds ceil(m / 2) rows: the most
     for opt in ("adamw", "logra"):
@@ -434,7 +434,7 @@ def _fsdp2_worker(rank: int, cfg: dict, out: str) -> None:
     from logra_lightning.optim import grad_bytes, optimizer_state_bytes, param_bytes
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2)
+    init_gloo(rank, 2, out)
     try:
         mesh = init_device_mesh("cpu", (2,))
         result = {}
