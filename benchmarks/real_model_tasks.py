@@ -71,12 +71,19 @@ from benchmarks.report import Report, table
 
 MODEL = "builtin:smollm2-135m-instruct"
 WEIGHTS = "SmolLM2-135M-Instruct, the release's Q4_1 GGUF quantization dequantized to fp32"
-TASKS = ("basic_arithmetic", "chain_sum", "gcd")  # configs/smollm2_<task>.yaml
+# configs/smollm2_<task>.yaml. gcd stays as the record of a collapse (its runs learned to answer `1`, right on 53%
+# of its problems; see COLLAPSE_SHARE) and is left out of the targets; lcm, whose most common answer is rare, is the
+# third task that measures something.
+TASKS = ("basic_arithmetic", "chain_sum", "lcm", "gcd")
 ROWS = ("adamw", "logra", "lora")
 # A row's lrs reach one step past its best, so the best is not at an edge of what was tried (AdamW: down to 1e-6).
 SWEEP_LRS = {"adamw": [1e-6, 3e-6, 1e-5, 3e-5], "logra": [1e-5, 3e-5, 1e-4], "lora": [3e-5, 1e-4, 3e-4]}
-FULL = dict(steps=20, sweep_steps=10, sweep_task=TASKS[0], seeds=[0, 1], pass_k=8, test_size=None)
-QUICK = dict(steps=2, sweep_steps=1, sweep_task=TASKS[0], seeds=[0], pass_k=2, test_size=8)
+# Seeds after the first run only on `later_seed_tasks` (None: every task): the whole grid on two seeds does not fit
+# this machine's sittings, and the issue accepts a second seed on one task.
+FULL = dict(
+    steps=20, sweep_steps=10, sweep_task=TASKS[0], seeds=[0, 1], later_seed_tasks=[TASKS[0]], pass_k=8, test_size=None
+)
+QUICK = dict(steps=2, sweep_steps=1, sweep_task=TASKS[0], seeds=[0], later_seed_tasks=None, pass_k=2, test_size=8)
 SWEEP_LR_COUNT = {"full": None, "quick": 1}  # lrs per row swept (None: all of SWEEP_LRS)
 SWEEP_DATA_SEED = 1  # the sweep's problems (and so its validation set) come from another draw than the table's
 ANSWERS_FILE = "answers.json"  # what HeldOutAnswers writes into the run's log directory
@@ -366,8 +373,21 @@ def collapsed_tasks(runs: list[dict]) -> list[str]:
     )
 
 
+def _mean_over_tasks(got: list[dict], f) -> float:
+    """The mean over tasks of each task's mean over its runs, so a task run on two seeds weighs as much as one run once.
+
+    >>> runs = [{"task": "a", "x": 1.0}, {"task": "a", "x": 3.0}, {"task": "b", "x": 8.0}]
+    >>> _mean_over_tasks(runs, lambda r: r["x"])
+    5.0
+    """
+    by_task: dict[str, list[float]] = {}
+    for r in got:
+        by_task.setdefault(r["task"], []).append(f(r))
+    return statistics.fmean(statistics.fmean(values) for values in by_task.values())
+
+
 def _row_means(got: list[dict]) -> dict:
-    mean = lambda f: statistics.fmean(f(r) for r in got)  # noqa: E731
+    mean = lambda f: _mean_over_tasks(got, f)  # noqa: E731
     return {
         "acc_before": 100 * mean(lambda r: r["accuracy_before"]),
         "acc_after": 100 * mean(lambda r: r["accuracy_after"]),
@@ -463,6 +483,12 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--rows", nargs="*", default=list(ROWS), help=f"subset of {ROWS}")
     ap.add_argument("--seeds", type=int, nargs="*", default=None)
+    ap.add_argument(
+        "--later-seed-tasks",
+        nargs="*",
+        default=None,
+        help=f"tasks that run the seeds after the first (default {FULL['later_seed_tasks']}; none given: every task)",
+    )
     ap.add_argument("--steps", type=int, default=None, help=f"RL steps per run (default {FULL['steps']})")
     ap.add_argument(
         "--sweep-steps", type=int, default=None, help=f"steps per sweep run (default {FULL['sweep_steps']})"
@@ -503,6 +529,8 @@ def main(argv=None) -> dict:
         )
     steps, sweep_steps = args.steps or mode["steps"], args.sweep_steps or mode["sweep_steps"]
     seeds = args.seeds if args.seeds is not None else mode["seeds"]
+    later = args.later_seed_tasks if args.later_seed_tasks is not None else mode["later_seed_tasks"]
+    later = later or None  # `--later-seed-tasks` with no task: every task runs every seed
     sweep_task = args.sweep_task or (args.tasks[0] if args.quick else mode["sweep_task"])
     fixed = _parse_lrs(args.lr)
     extra: list[str] = []
@@ -563,6 +591,8 @@ def main(argv=None) -> dict:
     runs = []
     for seed in seeds:
         for task in args.tasks:
+            if seed != seeds[0] and later is not None and task not in later:
+                continue
             for row in rows:
                 if lrs[row] is None or not sweep_done[row]:
                     missing.append(f"{task} {row} seed {seed} (waiting for the sweep)")
@@ -585,6 +615,7 @@ def main(argv=None) -> dict:
             "configs": [str(config_path(t).relative_to(CONFIGS.parent)) for t in args.tasks],
             "rows": args.rows,
             "seeds": seeds,
+            "later_seed_tasks": later,
             "steps": steps,
             "rank": RANK,
             "pass_k": k,
@@ -696,8 +727,14 @@ def section(res: dict) -> tuple[list[str], dict]:
     out = [
         f"Policy: **{st['weights']}** (`{st['model']}`). Tasks: reasoning-gym "
         + ", ".join(f"`{t}` ([config](../{c}))" for t, c in zip(st["tasks"], st["configs"]))
-        + f"; the full `logra fit` loop with the vLLM engine, {st['steps']} RL steps per run, seeds {st['seeds']}, "
-        f"LoGRA/LoRA rank {st['rank']}. lr per row: {lrs or '–'} (sweep on {st['sweep']['task']}, "
+        + f"; the full `logra fit` loop with the vLLM engine, {st['steps']} RL steps per run, seeds {st['seeds']}"
+        + (
+            f" (seeds after the first on {', '.join(st['later_seed_tasks'])} only: the whole grid twice does not fit "
+            "this machine), "
+            if st.get("later_seed_tasks") and len(st["seeds"]) > 1
+            else ", "
+        )
+        + f"LoGRA/LoRA rank {st['rank']}. lr per row: {lrs or '–'} (sweep on {st['sweep']['task']}, "
         f"{st['sweep']['steps']} steps, seed 0, validation accuracy after the run on problems of data seed "
         f"{st['sweep'].get('data_seed', 1)}: {scores or 'not swept'}).",
         "",
@@ -815,7 +852,8 @@ def section(res: dict) -> tuple[list[str], dict]:
             "",
         ]
     out += [
-        "Values are mean ± std over seeds; the average rows average tasks and seeds. Training memory is the trainer "
+        "Values are mean ± std over seeds; the average rows average each task over its seeds, then the tasks. "
+        "Training memory is the trainer "
         "process's peak RSS minus its RSS before the policy was built (the vLLM engine runs in processes of its own).",
         "",
     ]

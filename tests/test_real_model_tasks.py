@@ -117,3 +117,23 @@ def test_the_config_optimizer_and_micro_batching_are_not_part_of_a_units_identit
         assert old in text
         copy.write_text(text.replace(old, new))
         assert (rmt.config_sha("chain_sum") == sha) is same, (old, new)
+
+
+def test_the_second_seed_runs_on_the_later_seed_tasks_only(tmp_path: Path) -> None:
+    res = rmt.main(["--max-runs", "0", "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "r.json")])
+    table_units = [m.split(" (")[0] for m in res["missing"] if " seed " in m and not m.startswith("sweep")]
+    assert {m.split(" ")[0] for m in table_units if m.endswith("seed 0")} == set(rmt.TASKS)
+    assert {m.split(" ")[0] for m in table_units if m.endswith("seed 1")} == set(rmt.FULL["later_seed_tasks"])
+    assert res["settings"]["later_seed_tasks"] == rmt.FULL["later_seed_tasks"]
+    every = rmt.main(
+        [
+            "--max-runs",
+            "0",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "r.json"),
+            "--later-seed-tasks",
+        ]
+    )
+    assert sum(m.split(" (")[0].endswith("seed 1") for m in every["missing"]) == len(rmt.TASKS) * len(rmt.ROWS)
