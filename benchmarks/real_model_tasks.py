@@ -873,11 +873,14 @@ def headline(found: dict) -> list[str]:
     a, lo = rows["adamw"], rows["logra"]
     tasks = [t for t in got["tasks"] if t not in collapsed]
     left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""
+    lora = rows.get("lora")
+    lora = lora if lora and lora["tasks"] == a["tasks"] else None  # an average over fewer tasks would not compare
     return [
         f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {got['steps']} RL steps, "
         "vLLM): "
-        f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%; "
-        f"LoGRA's training memory {lo['training_memory_mb']:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
+        f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%"
+        + (f", LoRA r{RANK} {lora['acc_after']:.1f}% ({lora['training_memory_mb']:.0f} MB)" if lora else "")
+        + f"; LoGRA's training memory {lo['training_memory_mb']:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
         f"({100 * (1 - lo['training_memory_mb'] / a['training_memory_mb']):.1f}% lower; "
         f"paper {100 * PAPER_REDUCTION:.1f}%)" + ("" if got.get("complete") else " (table not complete yet)") + "."
     ]

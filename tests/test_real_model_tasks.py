@@ -137,3 +137,16 @@ def test_the_second_seed_runs_on_the_later_seed_tasks_only(tmp_path: Path) -> No
         ]
     )
     assert sum(m.split(" (")[0].endswith("seed 1") for m in every["missing"]) == len(rmt.TASKS) * len(rmt.ROWS)
+
+
+def test_the_headline_names_lora_only_when_it_ran_on_the_same_tasks() -> None:
+    def row(acc: float, mb: float, tasks: list[str]) -> dict:
+        return {"acc_before": 20.0, "acc_after": acc, "training_memory_mb": mb, "tasks": tasks}
+
+    both = ["basic_arithmetic", "chain_sum"]
+    got = {"tasks": both, "steps": 20, "complete": False, "collapsed_tasks": []}
+    rows = {"adamw": row(30.0, 3000, both), "logra": row(31.0, 1200, both), "lora": row(33.0, 1800, both[:1])}
+    line = rmt.headline({"real_model_tasks": {**got, "rows": rows}})[0]
+    assert "AdamW 30.0%, LoGRA 31.0%;" in line and "LoRA" not in line and "60.0% lower" in line
+    rows["lora"] = row(33.0, 1800, both)
+    assert "LoRA r16 33.0% (1800 MB)" in rmt.headline({"real_model_tasks": {**got, "rows": rows}})[0]
