@@ -796,24 +796,28 @@ def section(res: dict) -> tuple[list[str], dict]:
                 ]
             )
     collapsed = summ.get("collapsed_tasks", [])
-    averages = [("**average**", summ["rows"])]
-    if collapsed:
-        averages.append((f"**average without {', '.join(collapsed)}**", summ["rows_excluding_collapsed"]))
-    for label, row_means in averages:
-        for row, a in row_means.items():
-            rows.append(
-                [
-                    label,
-                    row,
-                    f"{a['acc_before']:.1f}",
-                    f"**{a['acc_after']:.1f}**",
-                    "",
-                    f"**{a['training_memory_mb']:.0f}**",
-                    f"{a['peak_rss_mb']:.0f}",
-                    "",
-                    f"{a['s_per_step']:.0f}",
-                ]
-            )
+    # with a collapsed task, the all-task average would mix in an answer's share; summary.rows still has it
+    label, row_means = (
+        (f"**average without {', '.join(collapsed)}**", summ["rows_excluding_collapsed"])
+        if collapsed
+        else ("**average**", summ["rows"])
+    )
+    every = max((a["tasks"] for a in row_means.values()), key=len, default=[])
+    for row, a in row_means.items():
+        partial = "" if a["tasks"] == every else f" (on {', '.join(a['tasks'])} only)"
+        rows.append(
+            [
+                label,
+                row + partial,
+                f"{a['acc_before']:.1f}",
+                f"**{a['acc_after']:.1f}**",
+                "",
+                f"**{a['training_memory_mb']:.0f}**",
+                f"{a['peak_rss_mb']:.0f}",
+                "",
+                f"{a['s_per_step']:.0f}",
+            ]
+        )
     header = [
         "task",
         "row",
