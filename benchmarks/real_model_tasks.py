@@ -857,8 +857,8 @@ def section(res: dict) -> tuple[list[str], dict]:
         ]
     out += [
         "Values are mean ± std over seeds; the average rows average each task over its seeds, then the tasks. "
-        "Training memory is the trainer "
-        "process's peak RSS minus its RSS before the policy was built (the vLLM engine runs in processes of its own).",
+        "Training memory is the trainer process's peak RSS minus its RSS before the policy was built (the vLLM "
+        "engine runs in processes of its own).",
         "",
     ]
     return out, {**summ, "steps": st["steps"], "complete": res["complete"]}

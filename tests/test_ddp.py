@@ -11,6 +11,7 @@ Run: ``.venv/bin/python -m pytest tests/test_ddp.py -q``
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -182,6 +183,12 @@ def _worker(rank: int, out: str) -> None:
             },
             f"{out}/rank{rank}.pt",
         )
+        # Free DDP's reducer while the group is alive and idle. Left to die when this function returns, the reducer
+        # held the group's last reference, and gloo's destructor joined its worker threads with the GIL held while
+        # one of them waited for the GIL to free a finished all-reduce's tensors: a deadlock (seen in the suite).
+        del ddp
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
