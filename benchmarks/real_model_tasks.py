@@ -407,29 +407,20 @@ def _targets(ok: list[dict]) -> dict:
     adamw = {(r["task"], r["seed"]): r for r in ok if r["row"] == "adamw"}
     logra = {(r["task"], r["seed"]): r for r in ok if r["row"] == "logra"}
     targets = {}
+
+    def check(value: float, bound: float, met: bool, keys) -> dict:
+        return {"value": value, "target": bound, "met": met, "tasks": sorted({t for t, _ in keys})}
+
     if adamw:
-        gain = _row_means(list(adamw.values()))["rl_gain_points"]
-        over = sorted({t for t, _ in adamw})
-        target = TARGETS["adamw_gain_points"]
-        targets["adamw_gain_points"] = {"value": gain, "target": target, "met": gain >= target, "tasks": over}
+        gain, bound = _row_means(list(adamw.values()))["rl_gain_points"], TARGETS["adamw_gain_points"]
+        targets["adamw_gain_points"] = check(gain, bound, gain >= bound, adamw)
     pairs = sorted(set(adamw) & set(logra))
     if pairs:
         a, lo = _row_means([adamw[p] for p in pairs]), _row_means([logra[p] for p in pairs])
         diff, ratio = lo["acc_after"] - a["acc_after"], lo["training_memory_mb"] / a["training_memory_mb"]
-        over = sorted({t for t, _ in pairs})
-        most_below, most_ratio = -TARGETS["logra_vs_adamw_points"], TARGETS["logra_memory_ratio"]
-        targets["logra_vs_adamw_points"] = {
-            "value": diff,
-            "target": most_below,
-            "met": diff >= most_below,
-            "tasks": over,
-        }
-        targets["logra_memory_ratio"] = {
-            "value": ratio,
-            "target": most_ratio,
-            "met": ratio <= most_ratio,
-            "tasks": over,
-        }
+        below, most = -TARGETS["logra_vs_adamw_points"], TARGETS["logra_memory_ratio"]
+        targets["logra_vs_adamw_points"] = check(diff, below, diff >= below, pairs)
+        targets["logra_memory_ratio"] = check(ratio, most, ratio <= most, pairs)
     return targets
 
 
@@ -456,6 +447,12 @@ def table_summary(runs: list[dict], rows: list[str], tasks: list[str], base: dic
         "per_task": detail["per_task"],
         "average": detail["average"],
     }
+
+
+def compared_rows(summary: dict) -> dict:
+    """The row averages a reader compares: without :func:`collapsed_tasks` when there are any (the all-task
+    average would mix in an answer's share; ``summary["rows"]`` still has it)."""
+    return summary["rows_excluding_collapsed"] if summary.get("collapsed_tasks") else summary["rows"]
 
 
 # ------------------------------------------------------------------ main
@@ -796,13 +793,9 @@ def section(res: dict) -> tuple[list[str], dict]:
                 ]
             )
     collapsed = summ.get("collapsed_tasks", [])
-    # with a collapsed task, the all-task average would mix in an answer's share; summary.rows still has it
-    label, row_means = (
-        (f"**average without {', '.join(collapsed)}**", summ["rows_excluding_collapsed"])
-        if collapsed
-        else ("**average**", summ["rows"])
-    )
-    every = max((a["tasks"] for a in row_means.values()), key=len, default=[])
+    label = f"**average without {', '.join(collapsed)}**" if collapsed else "**average**"
+    row_means = compared_rows(summ)
+    every = row_means.get("adamw", {}).get("tasks")  # the baseline's tasks: a row on fewer says so
     for row, a in row_means.items():
         partial = "" if a["tasks"] == every else f" (on {', '.join(a['tasks'])} only)"
         rows.append(
@@ -866,14 +859,10 @@ def section(res: dict) -> tuple[list[str], dict]:
 
 def headline(found: dict) -> list[str]:
     got = found.get("real_model_tasks") or {}
-    rows = got.get("rows", {})
+    rows = compared_rows(got) if "rows" in got else {}
     if "adamw" not in rows or "logra" not in rows:
         return []
     collapsed = got.get("collapsed_tasks", [])
-    if collapsed:
-        rows = got.get("rows_excluding_collapsed", {})
-        if "adamw" not in rows or "logra" not in rows:
-            return []
     a, lo = rows["adamw"], rows["logra"]
     tasks = [t for t in got["tasks"] if t not in collapsed]
     left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""

@@ -205,7 +205,6 @@ def test_a_head_that_is_not_lm_head_falls_back_to_whole_logits() -> None:
 
 def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
     """Each rank: half the rows, chunked (padded, then packed) log-probs, backward; the full gradients to disk."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -214,28 +213,25 @@ def _fsdp_worker(rank: int, model_dirs: list[str], out_dir: str) -> None:
 
     torch.set_num_threads(1)
     init_gloo(rank, 2, out_dir)
-    try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
-        seqs = batch(n=4).rows(slice(2 * rank, 2 * rank + 2)).trimmed()
-        for i, path in enumerate(model_dirs):
-            for packed in (False, True):
-                model, _ = load_policy(path)
-                shard_policy(model, mesh)
-                sharded = []  # is the root's embedding sharded again when backward reaches layer 0?
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",))
+    seqs = batch(n=4).rows(slice(2 * rank, 2 * rank + 2)).trimmed()
+    for i, path in enumerate(model_dirs):
+        for packed in (False, True):
+            model, _ = load_policy(path)
+            shard_policy(model, mesh)
+            sharded = []  # is the root's embedding sharded again when backward reaches layer 0?
 
-                def watch(_m, _a, out, sharded=sharded, model=model):
-                    out.register_hook(lambda g: sharded.append(isinstance(model.model.embed_tokens.weight, DTensor)))
+            def watch(_m, _a, out, sharded=sharded, model=model):
+                out.register_hook(lambda g: sharded.append(isinstance(model.model.embed_tokens.weight, DTensor)))
 
-                handle = model.model.layers[0].register_forward_hook(watch)
-                lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=5, packed=packed)
-                handle.remove()
-                assert not isinstance(model.lm_head.weight, DTensor)  # unsharded after forward, for the head
-                lp.sum().backward()  # FSDP2 averages the two ranks' gradients
-                grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # collective
-                if rank == 0:
-                    torch.save({"grads": grads, "sharded": sharded}, f"{out_dir}/grads_{i}_{packed}.pt")
-    finally:
-        dist.destroy_process_group()
+            handle = model.model.layers[0].register_forward_hook(watch)
+            lp, _ = token_logprobs(model, seqs, 0.7, chunk_size=5, packed=packed)
+            handle.remove()
+            assert not isinstance(model.lm_head.weight, DTensor)  # unsharded after forward, for the head
+            lp.sum().backward()  # FSDP2 averages the two ranks' gradients
+            grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # collective
+            if rank == 0:
+                torch.save({"grads": grads, "sharded": sharded}, f"{out_dir}/grads_{i}_{packed}.pt")
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])

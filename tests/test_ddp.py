@@ -11,7 +11,6 @@ Run: ``.venv/bin/python -m pytest tests/test_ddp.py -q``
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -154,43 +153,34 @@ def _train(model, opt, rows: slice, steps: int = 4) -> None:
 def _worker(rank: int, out: str) -> None:
     torch.set_num_threads(1)
     init_gloo(rank, 2, out)
+    model = _model()
+    if rank == 1:  # different start weights: LoGRA must broadcast what it keeps out of DDP
+        with torch.no_grad():
+            model.b.weight.add_(1.0)
+    opt = _optimizer(model)
+    names = keep_out_of_ddp(model, opt.lowrank_params())
+    opt.setup_data_parallel()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    assert ddp.parameters_to_ignore == set(names)
+    _train(ddp, opt, slice(rank * 4, (rank + 1) * 4))
+    # kept out of DDP but not told (no setup_data_parallel): refused at the step, not left to drift
+    other = _model()
+    stale = _optimizer(other)
+    keep_out_of_ddp(other, stale.lowrank_params())
+    other(*_data(0)).backward()
     try:
-        model = _model()
-        if rank == 1:  # different start weights: LoGRA must broadcast what it keeps out of DDP
-            with torch.no_grad():
-                model.b.weight.add_(1.0)
-        opt = _optimizer(model)
-        names = keep_out_of_ddp(model, opt.lowrank_params())
-        opt.setup_data_parallel()
-        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
-        assert ddp.parameters_to_ignore == set(names)
-        _train(ddp, opt, slice(rank * 4, (rank + 1) * 4))
-        # kept out of DDP but not told (no setup_data_parallel): refused at the step, not left to drift
-        other = _model()
-        stale = _optimizer(other)
-        keep_out_of_ddp(other, stale.lowrank_params())
-        other(*_data(0)).backward()
-        try:
-            stale.step()
-            error = ""
-        except RuntimeError as err:
-            error = str(err)
-        torch.save(
-            {
-                "params": {n: p.detach() for n, p in model.named_parameters()},
-                "bytes": opt.data_parallel_bytes,
-                "error": error,
-            },
-            f"{out}/rank{rank}.pt",
-        )
-        # Free DDP's reducer while the group is alive and idle. Left to die when this function returns, the reducer
-        # held the group's last reference, and gloo's destructor joined its worker threads with the GIL held while
-        # one of them waited for the GIL to free a finished all-reduce's tensors: a deadlock (seen in the suite).
-        del ddp
-        gc.collect()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        stale.step()
+        error = ""
+    except RuntimeError as err:
+        error = str(err)
+    torch.save(
+        {
+            "params": {n: p.detach() for n, p in model.named_parameters()},
+            "bytes": opt.data_parallel_bytes,
+            "error": error,
+        },
+        f"{out}/rank{rank}.pt",
+    )
 
 
 def test_sketch_all_reduce_matches_one_process(tmp_path):

@@ -79,26 +79,23 @@ def _worker(rank: int, model_dir: str, out_dir: str, variants: tuple[str, ...] =
     from torch.distributed.fsdp import FSDPModule
 
     init_gloo(rank, WORLD, out_dir)
-    try:
-        # the mesh Lightning's ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) builds
-        mesh = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-        per_rank = BATCH // WORLD
-        for variant in variants:
-            micro = VARIANTS[variant][1]
-            model, _ = load_policy(model_dir)
-            shard_policy(model, mesh)
-            assert all(isinstance(m, FSDPModule) for m in [model, *model.model.layers])
-            opt = make_optimizer(model, variant)
-            train(model, opt, slice(rank * per_rank, (rank + 1) * per_rank), micro)
-            full = {n: p.detach().full_tensor() for n, p in model.named_parameters()}  # collective
-            shards = {n: opt.row_shard(p) or row_shard(p, n) for n, p in model.named_parameters() if p.ndim >= 2}
-            rows = {n: (sh.start, sh.stop) for n, sh in shards.items()}
-            record = {"state_bytes": optimizer_state_bytes(opt), "param_bytes": param_bytes(model), "rows": rows}
-            (Path(out_dir) / f"{variant}_rank{rank}.json").write_text(json.dumps(record))
-            if rank == 0:
-                torch.save(full, f"{out_dir}/{variant}_params.pt")
-    finally:
-        dist.destroy_process_group()
+    # the mesh Lightning's ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) builds
+    mesh = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    per_rank = BATCH // WORLD
+    for variant in variants:
+        micro = VARIANTS[variant][1]
+        model, _ = load_policy(model_dir)
+        shard_policy(model, mesh)
+        assert all(isinstance(m, FSDPModule) for m in [model, *model.model.layers])
+        opt = make_optimizer(model, variant)
+        train(model, opt, slice(rank * per_rank, (rank + 1) * per_rank), micro)
+        full = {n: p.detach().full_tensor() for n, p in model.named_parameters()}  # collective
+        shards = {n: opt.row_shard(p) or row_shard(p, n) for n, p in model.named_parameters() if p.ndim >= 2}
+        rows = {n: (sh.start, sh.stop) for n, sh in shards.items()}
+        record = {"state_bytes": optimizer_state_bytes(opt), "param_bytes": param_bytes(model), "rows": rows}
+        (Path(out_dir) / f"{variant}_rank{rank}.json").write_text(json.dumps(record))
+        if rank == 0:
+            torch.save(full, f"{out_dir}/{variant}_params.pt")
 
 
 def test_fsdp2_logra_equals_single_process(tmp_path):
