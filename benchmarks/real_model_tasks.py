@@ -735,9 +735,10 @@ def section(res: dict) -> tuple[list[str], dict]:
         f"{st['sweep']['steps']} steps, seed 0, validation accuracy after the run on problems of data seed "
         f"{st['sweep'].get('data_seed', 1)}: {scores or 'not swept'}).",
         "",
-        f"Command: `{res['command']}` (one unit per call, {len(res['runs'])} runs recorded"
+        "Command: `python -m benchmarks.real_model_tasks --reuse` (every missing unit, one at a time; "
+        f"`--max-runs 1` runs one per call; {len(res['runs'])} runs recorded"
         + ("" if res["complete"] else f"; **not complete**: {len(res['missing'])} units missing")
-        + ").",
+        + f"). This file last written by `{res['command']}`.",
         "",
     ]
     for row, why in st.get("pending", {}).items():
