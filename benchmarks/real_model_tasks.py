@@ -455,6 +455,12 @@ def compared_rows(summary: dict) -> dict:
     return summary["rows_excluding_collapsed"] if summary.get("collapsed_tasks") else summary["rows"]
 
 
+def off_baseline(rows: dict) -> set[str]:
+    """The rows averaged over other tasks than AdamW's (the baseline): their averages do not compare with it."""
+    every = rows.get("adamw", {}).get("tasks")
+    return {name for name, a in rows.items() if a["tasks"] != every}
+
+
 # ------------------------------------------------------------------ main
 def _parse_lrs(items: list[str] | None) -> dict[str, float]:
     out = {}
@@ -796,9 +802,9 @@ def section(res: dict) -> tuple[list[str], dict]:
     collapsed = summ.get("collapsed_tasks", [])
     label = f"**average without {', '.join(collapsed)}**" if collapsed else "**average**"
     row_means = compared_rows(summ)
-    every = row_means.get("adamw", {}).get("tasks")  # the baseline's tasks: a row on fewer says so
+    off = off_baseline(row_means)
     for row, a in row_means.items():
-        partial = "" if a["tasks"] == every else f" (on {', '.join(a['tasks'])} only)"
+        partial = f" (on {', '.join(a['tasks'])} only)" if row in off else ""
         rows.append(
             [
                 label,
@@ -867,8 +873,7 @@ def headline(found: dict) -> list[str]:
     a, lo = rows["adamw"], rows["logra"]
     tasks = [t for t in got["tasks"] if t not in collapsed]
     left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""
-    lora = rows.get("lora")
-    lora = lora if lora and lora["tasks"] == a["tasks"] else None  # an average over fewer tasks would not compare
+    lora = rows["lora"] if "lora" in rows and "lora" not in off_baseline(rows) else None
     return [
         f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {got['steps']} RL steps, "
         "vLLM): "
