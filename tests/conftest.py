@@ -14,6 +14,39 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
 
 
+# Modules that compare two computation paths in floating point (fast vs reference optimizer, engine vs HF copy,
+# chunked vs whole logits, sharded or data-parallel vs one process, resumed vs uninterrupted) or that train on
+# the built-in policy, which is warmed up on the machine that runs the suite and so differs by CPU. `make
+# test-isa` runs them under other CPU code paths (MKL_CBWR, ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY).
+NUMERICS_MODULES = {
+    "test_architectures",
+    "test_chunked_logprobs",
+    "test_clipping",
+    "test_ddp",
+    "test_export",
+    "test_faults",
+    "test_fsdp2",
+    "test_fsdp_lightning",
+    "test_grad_features",
+    "test_kl_control",
+    "test_lora",
+    "test_multinode",
+    "test_optim_logra",
+    "test_resume",
+    "test_rounding",
+    "test_token_budget",
+    "test_vllm_engine",
+    "test_vllm_server",
+    "test_weight_sync",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
+            item.add_marker(pytest.mark.numerics)
+
+
 @pytest.fixture(scope="session")
 def tiny_policy_path() -> str:
     """The warmed-up ``builtin:arithmetic-tiny`` policy directory (the demo's base model)."""

@@ -270,8 +270,10 @@ def check_updates_match_hf(env) -> None:
     out = eng.generate(_prompts(tok), n=4, sampling=sampling)
     gap = logprob_gap(out, reference.model, temperature=1.0)
     assert not gap.isnan().any() and gap.mean() <= 1e-3 and gap.max() <= 1e-2
-    moved = logprob_gap(out, env.policy, temperature=1.0)  # vs the weights before the updates
-    assert moved.mean() > 0.05, "the updates were too small for this test to mean anything"
+    # vs the weights before the updates: an engine that dropped them would be this far from the HF copy, so it
+    # must dwarf the allowed and the measured disagreement (the locally trained tiny policy makes it no constant)
+    moved = float(logprob_gap(out, env.policy, temperature=1.0).mean())
+    assert moved > max(10 * 1e-3, 100 * float(gap.mean())), f"the updates moved the logprobs by only {moved:.2e}"
 
     eng.load_weights(env.policy.named_parameters())  # a full sync puts the original weights back
     out = eng.generate(_prompts(tok), n=2, sampling=sampling)

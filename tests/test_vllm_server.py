@@ -174,7 +174,11 @@ def test_lowrank_and_coefficient_only_syncs_match_the_hf_model(engine_env, wire)
     out = engine.generate([tok.encode(p) for p in PROMPTS], n=4, sampling=SamplingConfig(max_new_tokens=8, seed=5))
     gap = teacher_forced_gap(reference.model, out)
     assert gap.mean() <= 1e-4 and gap.max() <= 1e-3, f"server and HF copy disagree: {gap.max():.2e}"
-    assert teacher_forced_gap(policy, out).mean() > 0.05, "the updates were too small for this test to mean anything"
+    # A server that dropped the updates would sit as far from the HF copy as the old policy does: that distance
+    # must dwarf the allowed and the measured disagreement, or the check above could not tell the two apart.
+    # (The tiny policy is trained on the machine that runs the test, so the distance is no constant.)
+    moved = float(teacher_forced_gap(policy, out).mean())
+    assert moved > max(10 * 1e-4, 100 * float(gap.mean())), f"the updates moved the logprobs by only {moved:.2e}"
 
 
 @pytest.mark.vllm
