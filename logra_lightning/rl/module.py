@@ -534,8 +534,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
 
         The subsample (whole completions in a seeded order, :func:`~logra_lightning.kl.probe.probe_positions`)
         depends only on the batch and ``global_step``, so every call within one step returns
-        the same positions (at whatever the weights are then). The call at unchanged weights
-        reuses the logits of the ``pi_old`` pass (:class:`~logra_lightning.kl.probe.ProbeCache`).
+        the same positions (at whatever the weights are then). The call at unchanged weights reuses
+        the logits of the step's first forward, the loss's or ``pi_old``'s
+        (:class:`~logra_lightning.kl.probe.ProbeCache`).
         """
         if self._probe is None:
             raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
