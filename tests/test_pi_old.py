@@ -26,11 +26,13 @@ class Record(L.Callback):
     def __init__(self) -> None:
         self.gaps: list[tuple[float, float]] = []
         self.metrics: list[dict[str, float]] = []
+        self.phases: list[set[str]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.gaps.append(pl_module.engine_logprob_gap)
         keys = ("loss/", "policy/", "kl/predicted", "kl/realized", "kl/step_scale")
         self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(keys)})
+        self.phases.append({k for k in trainer.callback_metrics if k.startswith("perf/time/")})
 
 
 def two_steps(separate_pass: bool, monkeypatch, passes: list[int]):
@@ -70,6 +72,8 @@ def test_training_forward_gives_what_a_separate_pi_old_pass_gives(monkeypatch):
     two, two_rec = two_steps(True, monkeypatch, two_passes)
     # 16 rows in micro-batches of 6: 3 training forwards a step; the separate pass adds 3 more
     assert len(two_passes) - len(one_passes) == 2 * 3
+    timed = {f"perf/time/{p}" for p in ("rollout", "reference", "forward_backward", "optimizer")}
+    assert one_rec.phases == [timed] * 2 and two_rec.phases == [timed | {"perf/time/pi_old"}] * 2
     # Both forwards run the same kernels on the same rows at the same weights, so the log-probs agree to fp32
     # rounding; the steps, metrics and drift that follow from them agree as closely
     for a, b in zip(one_rec.gaps, two_rec.gaps):

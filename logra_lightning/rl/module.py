@@ -17,8 +17,8 @@ Protocols this module offers to callbacks:
   rollout's sampled tokens (drift of the engine's copy of the policy);
 * ``kl_probe_logits(max_tokens)`` — logits ``[N, V]`` at a fixed token subsample of the
   current step's batch at the current weights (predicted-KL step control);
-* phases ``rollout``, ``forward_backward``, ``optimizer`` announced through
-  :func:`~logra_lightning.rl.phases.announce_phase` (memory monitoring).
+* phases ``rollout``, ``reference``, ``pi_old``, ``forward_backward``, ``optimizer`` announced through
+  :func:`~logra_lightning.rl.phases.announce_phase` (memory monitoring), and timed.
 
 Departures from GRPO as published are listed in :mod:`logra_lightning.rl.loss`. Also:
 
@@ -44,7 +44,9 @@ Logged metrics:
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
     ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``rollout/policy_lag``
     (with ``off_policy_steps``: syncs between the sampling weights and the trained ones), ``completion/length_mean``,
-    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
+    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``, ``perf/time/<phase>``
+    (seconds of the step in each phase that ran: ``rollout``, ``reference``, ``pi_old``, ``forward_backward``,
+    ``optimizer``, which includes KL step control's ``kl/control_seconds``; the weight sync's is ``sync/seconds``),
     ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts), ``grad/norm`` (with
     ``gradient_clip_norm``).
 """
@@ -215,6 +217,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self._rollouts = 0  # the sampling position (checkpointed)
         self._sampling_seed = sampling_seed
         self._queue = OffPolicyQueue()  # off_policy_steps=1: the batch sampled ahead
+        self._seconds: dict[str, float] = {}  # this step's wall time per phase
 
     # ------------------------------------------------------------------ setup
     @override
@@ -295,6 +298,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
     @override
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         start = time.perf_counter()
+        self._seconds.clear()
         hp, G = self.hparams, self.hparams.group_size
         prompts, answers = batch["prompt"], batch["answer"]
         prompt_ids = [self.tokenizer.encode(p) for p in prompts]
@@ -304,14 +308,14 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             if (behind := self._queue.exchange(ahead)) is None:
                 return  # the first batch of a fit only fills the pipeline
             prompts, answers, prompt_ids = behind.prompts, behind.answers, behind.prompt_ids
-            with announce_phase(self, "rollout"):
+            with announce_phase(self, "rollout", self._seconds):
                 rollout = self._checked(lambda: self.engine.wait(behind.pending), len(prompt_ids) * G)
             lag = self.engine.policy_lag(rollout) if hasattr(self.engine, "policy_lag") else None
             if lag is not None:
                 self.log("rollout/policy_lag", float(lag), batch_size=len(prompts))
         else:
             lag = 0
-            with announce_phase(self, "rollout"):
+            with announce_phase(self, "rollout", self._seconds):
                 rollout = self._generate(prompt_ids, G)
         unusable = degenerate_rollout(rollout)
         if not all_ranks_agree(self._trainer, unusable is None):
@@ -324,9 +328,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         traj = self._trajectory([p for p in prompt_ids for _ in range(G)], rollout, rewards)
         stats: dict[str, float] = {}
         for epoch in range(hp.ppo_epochs):
-            with announce_phase(self, "forward_backward"):
+            with announce_phase(self, "forward_backward", self._seconds):
                 finite = self._loss_and_backward(traj, epoch, stats)
-            with announce_phase(self, "optimizer"):
+            with announce_phase(self, "optimizer", self._seconds):
                 self._optimizer_step(finite)
         if lag != 0:  # the engine's logprobs are of older weights: their gap to the trainer's is lag, not sync drift
             self.engine_logprob_gap = None
@@ -351,11 +355,14 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             rewards=rewards,
             advantages=grpo_advantages(rewards, hp.group_size, scale_by_std=hp.scale_by_std).to(self.device),  # [N]
             old_logprobs=None,
-            ref_logprobs=self._logprobs(seqs, self._ref[0]) if self._ref else None,  # [N, L-1]
             engine_logprobs=engine_lp.to(self.device),
         )
+        if self._ref:
+            with announce_phase(self, "reference", self._seconds):
+                traj.ref_logprobs = self._logprobs(seqs, self._ref[0])  # [N, L-1]
         if self._separate_pi_old_pass():
-            self._set_pi_old(traj, self._logprobs(seqs))  # [N, L-1], no grad
+            with announce_phase(self, "pi_old", self._seconds):
+                self._set_pi_old(traj, self._logprobs(seqs))  # [N, L-1], no grad
         return traj
 
     def _separate_pi_old_pass(self) -> bool:
@@ -477,7 +484,10 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         return self._checked(lambda: self.engine.generate(prompt_ids, n=n, sampling=sampling), len(prompt_ids) * n)
 
     def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
-        self.log_dict({**rollout.metrics(time.perf_counter() - start), **self.faults.metrics()}, batch_size=batch_size)
+        times = {f"perf/time/{name}": s for name, s in self._seconds.items()}
+        self.log_dict(
+            {**rollout.metrics(time.perf_counter() - start), **times, **self.faults.metrics()}, batch_size=batch_size
+        )
 
     def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
         return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step)  # [N]
