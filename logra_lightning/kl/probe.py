@@ -12,7 +12,7 @@ along the update, weights after the step). Two things keep that cheap:
    on about ``max_tokens / mean completion length`` rows, not on every row that happens to
    hold one sampled token.
 2. **The base logits come for free.** The logits at the current weights are the ones the
-   module already computes for ``pi_old`` right before the loss; :class:`ProbeCache` keeps
+   module already computes for the loss (or a separate ``pi_old`` pass); :class:`ProbeCache` keeps
    the probed rows' logits from that pass, keyed by the parameters' in-place version
    counters, and hands them out while the weights are unchanged. Any in-place change of a
    parameter (an optimizer step, the control's ``+eps * Δ`` perturbation) bumps a counter and
@@ -117,7 +117,7 @@ class KLProbe:
 
     The positions depend only on the batch, ``seed`` and the step, so every call within one
     step probes the same tokens. ``max_tokens`` is learned from the control's first call;
-    from then on each step's ``pi_old`` pass records the base logits (:meth:`base_recorder`).
+    from then on each step's first forward over the batch records the base logits (:meth:`base_recorder`).
 
     Args:
         seed: seed of the token subsample (the module's ``kl_probe_seed``).
@@ -144,7 +144,7 @@ class KLProbe:
     @torch.no_grad()
     def logits(self, policy: torch.nn.Module, seqs: PackedBatch, step: int, max_tokens: int) -> torch.Tensor:
         """Logits ``[N, V]`` of ``policy`` at the probe positions: cached at unchanged weights, else a forward pass."""
-        self.max_tokens = max_tokens  # the next batch's pi_old pass keeps these positions' logits
+        self.max_tokens = max_tokens  # the next batch's first forward keeps these positions' logits
         cached = self.cache.get(policy, (step, max_tokens))
         if cached is not None:
             return cached
@@ -154,7 +154,7 @@ class KLProbe:
         return self.logits_at(policy, seqs.rows(rows.to(device)).trimmed(), pick[:, 0], pick[:, 1])  # [N, V]
 
     def base_recorder(self, seqs: PackedBatch, step: int) -> _BaseRecorder | None:
-        """A recorder of the probe positions' logits for the micro-batched ``pi_old`` pass over ``seqs``.
+        """A recorder of the probe positions' logits for a micro-batched forward over ``seqs`` at the current weights.
 
         ``None`` until :meth:`logits` has been called (no control is probing).
         """

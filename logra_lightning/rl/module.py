@@ -17,14 +17,17 @@ Protocols this module offers to callbacks:
   rollout's sampled tokens (drift of the engine's copy of the policy);
 * ``kl_probe_logits(max_tokens)`` — logits ``[N, V]`` at a fixed token subsample of the
   current step's batch at the current weights (predicted-KL step control);
-* phases ``rollout``, ``forward_backward``, ``optimizer`` announced through
-  :func:`~logra_lightning.rl.phases.announce_phase` (memory monitoring).
+* phases ``rollout``, ``reference``, ``pi_old``, ``forward_backward``, ``optimizer`` announced through
+  :func:`~logra_lightning.rl.phases.announce_phase` (memory monitoring), and timed.
 
 Departures from GRPO as published are listed in :mod:`logra_lightning.rl.loss`. Also:
 
-1. ``old_logprobs`` are recomputed by the trainer on the rollout (not taken from the
-   engine), so with one PPO epoch the ratio is exactly 1 and the loss is the plain
-   policy gradient; the engine's logprobs are used to measure drift.
+1. ``old_logprobs`` are the trainer's at the weights the step starts from (not the engine's), so
+   with one PPO epoch the ratio is exactly 1 and the loss is the plain policy gradient. Then
+   pi_old is the training forward's own log-probs, detached, and no separate pass runs (slime,
+   NeMo-RL and prime-rl do the same); the engine drift, the TIS weights and the KL probe's base
+   logits come from that forward too. With ``ppo_epochs > 1`` a no-grad pass computes pi_old
+   before the first epoch. The engine's logprobs are used to measure drift and for TIS.
 2. ``reward/accuracy`` and ``val/accuracy`` count a sample as correct when its reward
    is at least ``correct_reward`` (1.0 by default).
 3. Each rollout samples with a seed derived from ``(sampling_seed, rollout index, rank)``,
@@ -41,7 +44,9 @@ Logged metrics:
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
     ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``rollout/policy_lag``
     (with ``off_policy_steps``: syncs between the sampling weights and the trained ones), ``completion/length_mean``,
-    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``,
+    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``, ``perf/time/<phase>``
+    (seconds of the step in each phase that ran: ``rollout``, ``reference``, ``pi_old``, ``forward_backward``,
+    ``optimizer``, which includes KL step control's ``kl/control_seconds``; the weight sync's is ``sync/seconds``),
     ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts), ``grad/norm`` (with
     ``gradient_clip_norm``).
 """
@@ -212,6 +217,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self._rollouts = 0  # the sampling position (checkpointed)
         self._sampling_seed = sampling_seed
         self._queue = OffPolicyQueue()  # off_policy_steps=1: the batch sampled ahead
+        self._seconds: dict[str, float] = {}  # this step's wall time per phase
 
     # ------------------------------------------------------------------ setup
     @override
@@ -292,6 +298,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
     @override
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         start = time.perf_counter()
+        self._seconds.clear()
         hp, G = self.hparams, self.hparams.group_size
         prompts, answers = batch["prompt"], batch["answer"]
         prompt_ids = [self.tokenizer.encode(p) for p in prompts]
@@ -301,14 +308,14 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             if (behind := self._queue.exchange(ahead)) is None:
                 return  # the first batch of a fit only fills the pipeline
             prompts, answers, prompt_ids = behind.prompts, behind.answers, behind.prompt_ids
-            with announce_phase(self, "rollout"):
+            with announce_phase(self, "rollout", self._seconds):
                 rollout = self._checked(lambda: self.engine.wait(behind.pending), len(prompt_ids) * G)
             lag = self.engine.policy_lag(rollout) if hasattr(self.engine, "policy_lag") else None
             if lag is not None:
                 self.log("rollout/policy_lag", float(lag), batch_size=len(prompts))
         else:
             lag = 0
-            with announce_phase(self, "rollout"):
+            with announce_phase(self, "rollout", self._seconds):
                 rollout = self._generate(prompt_ids, G)
         unusable = degenerate_rollout(rollout)
         if not all_ranks_agree(self._trainer, unusable is None):
@@ -319,60 +326,92 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             [p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)]
         )
         traj = self._trajectory([p for p in prompt_ids for _ in range(G)], rollout, rewards)
-        if lag != 0:  # the engine's logprobs are of older weights: their gap to the trainer's is lag, not sync drift
-            self.engine_logprob_gap = None
-
         stats: dict[str, float] = {}
         for epoch in range(hp.ppo_epochs):
-            with announce_phase(self, "forward_backward"):
+            with announce_phase(self, "forward_backward", self._seconds):
                 finite = self._loss_and_backward(traj, epoch, stats)
-            with announce_phase(self, "optimizer"):
+            with announce_phase(self, "optimizer", self._seconds):
                 self._optimizer_step(finite)
+        if lag != 0:  # the engine's logprobs are of older weights: their gap to the trainer's is lag, not sync drift
+            self.engine_logprob_gap = None
         if traj.tis_weights is not None:
             stats["policy/tis_weight_mean"] = masked_mean(traj.tis_weights, traj.seqs.mask).item()
         self._log_step(stats, rewards, rollout, start, len(prompts))
 
     def _trajectory(self, prompt_ids: list[list[int]], rollout: Rollout, rewards: torch.Tensor) -> Trajectory:
         """The step's :class:`~logra_lightning.rl.trajectory.Trajectory`: sequences, advantages, and what stays fixed
-        over the PPO epochs (pi_old's logprobs, the TIS weights, the reference's logprobs).
+        over the PPO epochs (the engine's and the reference's logprobs; pi_old's and the TIS weights where
+        :meth:`_separate_pi_old_pass`, else the first epoch's training forward fills them in).
 
-        Also records the engine's drift (``engine_logprob_gap``) and makes this batch the KL probe's.
+        Makes this batch the KL probe's.
         """
         hp = self.hparams
         seqs = pack_sequences(prompt_ids, rollout.completion_ids, self.tokenizer.pad_token_id).to(self.device)
         self._probe = seqs
         self._kl_probe.cache.clear()
-        old_lp = self._logprobs(seqs)  # [N, L-1], no grad: pi_old
-        engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids], old_lp.shape[1]).to(old_lp.device)
-        self.engine_logprob_gap = logprob_gap(old_lp, engine_lp, seqs.mask)
-        return Trajectory(
+        engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids], seqs.targets.shape[1])  # [N, L-1]
+        traj = Trajectory(
             seqs=seqs,
             rewards=rewards,
             advantages=grpo_advantages(rewards, hp.group_size, scale_by_std=hp.scale_by_std).to(self.device),  # [N]
-            old_logprobs=old_lp,
-            tis_weights=None if hp.tis_cap is None else tis_weights(old_lp, engine_lp, hp.tis_cap, seqs.mask),
-            ref_logprobs=self._logprobs(seqs, self._ref[0]) if self._ref else None,  # [N, L-1]
+            old_logprobs=None,
+            engine_logprobs=engine_lp.to(self.device),
         )
+        if self._ref:
+            with announce_phase(self, "reference", self._seconds):
+                traj.ref_logprobs = self._logprobs(seqs, self._ref[0])  # [N, L-1]
+        if self._separate_pi_old_pass():
+            with announce_phase(self, "pi_old", self._seconds):
+                self._set_pi_old(traj, self._logprobs(seqs))  # [N, L-1], no grad
+        return traj
+
+    def _separate_pi_old_pass(self) -> bool:
+        """Whether pi_old needs a pass of its own: with one epoch it is the training forward itself, detached."""
+        return self.hparams.ppo_epochs > 1
+
+    def _set_pi_old(self, traj: Trajectory, old_lp: torch.Tensor) -> None:
+        """Fix pi_old's logprobs ``[N, L-1]`` in ``traj``, the TIS weights from them, and the engine's drift."""
+        traj.old_logprobs = old_lp
+        if self.hparams.tis_cap is not None:
+            traj.tis_weights = tis_weights(old_lp, traj.engine_logprobs, self.hparams.tis_cap, traj.seqs.mask)
+        self.engine_logprob_gap = logprob_gap(old_lp, traj.engine_logprobs, traj.seqs.mask)
 
     def _loss_and_backward(self, traj: Trajectory, epoch: int, stats: dict[str, float]) -> bool:
-        """One PPO epoch: loss and ``manual_backward`` per micro-batch; False if a loss was not finite."""
+        """One PPO epoch: loss and ``manual_backward`` per micro-batch; False if a loss was not finite.
+
+        Without pi_old's logprobs in ``traj`` (one epoch), each micro-batch's own detached logprobs are
+        pi_old's, and once all ran they are stored in ``traj`` (TIS weights and engine drift from them).
+        """
         hp, finite = self.hparams, True
         cfg = LossConfig(clip_low=hp.clip_low, clip_high=hp.clip_high, kl_coef=hp.kl_coef)
-        for rows in self._plan_micro_batches(traj.seqs):
-            mb = traj.rows(torch.as_tensor(rows, device=self.device)).trimmed()
+        own = traj.old_logprobs is None  # this forward is pi_old's
+        old_lp = torch.zeros_like(traj.seqs.mask) if own else None  # [N, L-1], filled micro-batch by micro-batch
+        probe = self._probe_recorder(traj.seqs) if own else None
+        for group in self._plan_micro_batches(traj.seqs):
+            rows = torch.as_tensor(group, device=self.device)
+            mb = traj.rows(rows).trimmed()
             logprobs, entropy = token_logprobs(
                 self.policy,
                 mb.seqs,
                 hp.temperature,
                 entropy=epoch == 0,
+                on_logits=None if probe is None else partial(probe.add, rows),
                 chunk_size=hp.lm_head_chunk_size,
                 packed=self._packed,
             )  # [n, L-1]
+            if own:
+                mb.old_logprobs = old_lp[rows, : logprobs.shape[1]] = logprobs.detach()
+                if hp.tis_cap is not None:
+                    mb.tis_weights = tis_weights(mb.old_logprobs, mb.engine_logprobs, hp.tis_cap, mb.seqs.mask)
             loss, st = grpo_loss(logprobs, mb, traj.num_tokens, cfg, entropy=entropy)
             self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
             finite = finite and math.isfinite(st["loss/policy"])
             for key, value in st.items():  # stats are shares of the batch; entropy is from epoch 0 only
                 stats[key] = stats.get(key, 0.0) + (value if key == "policy/entropy" else value / hp.ppo_epochs)
+        if own:
+            self._set_pi_old(traj, old_lp)
+        if probe is not None:
+            probe.save(self.policy)
         return finite
 
     def _optimizer_step(self, finite: bool) -> None:
@@ -445,7 +484,10 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         return self._checked(lambda: self.engine.generate(prompt_ids, n=n, sampling=sampling), len(prompt_ids) * n)
 
     def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
-        self.log_dict({**rollout.metrics(time.perf_counter() - start), **self.faults.metrics()}, batch_size=batch_size)
+        times = {f"perf/time/{name}": s for name, s in self._seconds.items()}
+        self.log_dict(
+            {**rollout.metrics(time.perf_counter() - start), **times, **self.faults.metrics()}, batch_size=batch_size
+        )
 
     def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
         return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step)  # [N]
@@ -456,9 +498,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         For the policy, once a :class:`~logra_lightning.callbacks.KLStepControl` has asked for
         probe logits, the logits at this batch's probe positions are kept for its first call.
         """
-        # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
-        keep = model is None and not torch.is_autocast_enabled(self.device.type)
-        probe = self._kl_probe.base_recorder(seqs, self.global_step) if keep else None
+        probe = self._probe_recorder(seqs) if model is None else None
         lp = sequence_logprobs(
             model or self.policy,
             seqs,
@@ -471,6 +511,13 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         if probe is not None:
             probe.save(self.policy)
         return lp
+
+    def _probe_recorder(self, seqs: PackedBatch):
+        """The KL probe's recorder of this batch's base logits at the current weights, or ``None`` (no probe asked)."""
+        # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
+        if torch.is_autocast_enabled(self.device.type):
+            return None
+        return self._kl_probe.base_recorder(seqs, self.global_step)
 
     def _plan_micro_batches(self, seqs: PackedBatch) -> list[list[int]]:
         """Rows per micro-batch (:func:`~logra_lightning.rl.micro_batches.plan_micro_batches`), as many on every rank.
@@ -497,8 +544,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
 
         The subsample (whole completions in a seeded order, :func:`~logra_lightning.kl.probe.probe_positions`)
         depends only on the batch and ``global_step``, so every call within one step returns
-        the same positions (at whatever the weights are then). The call at unchanged weights
-        reuses the logits of the ``pi_old`` pass (:class:`~logra_lightning.kl.probe.ProbeCache`).
+        the same positions (at whatever the weights are then). The call at unchanged weights reuses
+        the logits of the step's first forward, the loss's or ``pi_old``'s
+        (:class:`~logra_lightning.kl.probe.ProbeCache`).
         """
         if self._probe is None:
             raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")

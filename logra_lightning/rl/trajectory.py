@@ -4,8 +4,8 @@ Each row is ``prompt + completion``, right-padded, so positions are the natural 
 position ids are needed. The logits at position ``t`` predict token ``t+1``, so the training
 targets are ``ids[:, 1:]`` and ``mask`` marks the completion tokens among them.
 
-:class:`Trajectory` is built once per step, after rewards and ``pi_old``'s log-probs, and carried
-through the step: the loss reads a micro-batch of it (:meth:`Trajectory.rows`).
+:class:`Trajectory` is built once per step, after rewards (and ``pi_old``'s log-probs where a separate
+pass computes them), and carried through the step: the loss reads a micro-batch of it (:meth:`Trajectory.rows`).
 
 Example::
 
@@ -66,9 +66,11 @@ class Trajectory:
     seqs: PackedBatch  # ids [N, L], targets and mask [N, L-1]
     rewards: torch.Tensor  # [N]
     advantages: torch.Tensor  # [N] group-normalized
-    old_logprobs: torch.Tensor  # [N, L-1] log pi_old of the targets (no grad)
-    tis_weights: torch.Tensor | None = None  # [N, L-1] min(pi_old / pi_engine, cap), or None (TIS off)
+    # [N, L-1] log pi_old of the targets (no grad); None: the training forward's own, detached (one epoch)
+    old_logprobs: torch.Tensor | None
+    tis_weights: torch.Tensor | None = None  # [N, L-1] min(pi_old / pi_engine, cap), or None (TIS off or not yet)
     ref_logprobs: torch.Tensor | None = None  # [N, L-1] log pi_ref, or None (no KL penalty)
+    engine_logprobs: torch.Tensor | None = None  # [N, L-1] the engine's sampling logprobs of the targets
 
     def rows(self, index) -> Trajectory:
         """The micro-batch of rows ``index`` (a slice or index tensor)."""
@@ -91,7 +93,7 @@ class Trajectory:
             return self
         t = seqs.targets.shape[1]
         cut = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in ("old_logprobs", "tis_weights", "ref_logprobs"):
+        for name in ("old_logprobs", "tis_weights", "ref_logprobs", "engine_logprobs"):
             cut[name] = None if cut[name] is None else cut[name][:, :t]
         return Trajectory(**{**cut, "seqs": seqs})
 
