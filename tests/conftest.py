@@ -32,6 +32,7 @@ NUMERICS_MODULES = {
     "test_lora",
     "test_multinode",
     "test_optim_logra",
+    "test_pi_old",
     "test_resume",
     "test_rounding",
     "test_token_budget",
