@@ -44,7 +44,8 @@ NUMERICS_MODULES = {
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
+        module = getattr(item, "module", None)  # None for items that are not Python test functions
+        if module is not None and module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
 
 
