@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
 from logra_lightning._util import full
+from logra_lightning.data.module import collate_records, record_fields
 from logra_lightning.rollout.greedy import correct, greedy_accuracy, greedy_completions
 
 
@@ -83,13 +85,13 @@ class HeldOutEvaluation:
 
     @override
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        correct = self._greedy_correct(batch["prompt"], batch["answer"])
+        correct = self._greedy_correct(batch)
         self.val_accuracy.update(correct)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=len(correct))
 
     @override
     def test_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        correct = self._greedy_correct(batch["prompt"], batch["answer"])
+        correct = self._greedy_correct(batch)
         self.test_accuracy.update(correct)
         self.log("test/accuracy", self.test_accuracy, prog_bar=True, batch_size=len(correct))
 
@@ -108,11 +110,12 @@ class HeldOutEvaluation:
             return
         self.engine.load_weights([(name, full(p)) for name, p in self.policy.named_parameters()])
 
-    def _greedy_correct(self, prompts: list[str], answers: list[str]) -> torch.Tensor:
-        hp = self.hparams
+    def _greedy_correct(self, batch: dict[str, list]) -> torch.Tensor:
+        hp, prompts = self.hparams, batch["prompt"]
         limit = hp.eval_max_new_tokens or hp.max_new_tokens
         texts = greedy_completions(self.engine, self.tokenizer, prompts, max_new_tokens=limit)
-        return correct(self._score, prompts, texts, answers, hp.correct_reward)  # [B]
+        score = partial(self._score, fields=record_fields(batch))  # the reward may ask for the records' fields
+        return correct(score, prompts, texts, batch["answer"], hp.correct_reward)  # [B]
 
     def evaluate(self) -> float | None:
         """Greedy held-out accuracy over the datamodule's whole validation set (``None`` without one)."""
@@ -124,7 +127,7 @@ class HeldOutEvaluation:
             self.engine,
             self.tokenizer,
             records,
-            self._score,
+            partial(self._score, fields=record_fields(collate_records(records))),
             max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
             batch_size=getattr(dm, "val_batch_size", 64),
             correct_reward=hp.correct_reward,
