@@ -18,7 +18,8 @@ unknown classes) are turned into one line, ``--ckpt_path`` is checked before Lig
 (:func:`~logra_lightning.io.checkpoint.check_checkpoint_path`), and model paths, log and export
 directories in :func:`~logra_lightning.config.checks.validate_fit_config`. ``logra fit --export DIR``
 adds :class:`~logra_lightning.callbacks.ExportPolicy`; the progress bar is
-:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another. With LoGRA,
+:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another, and ``fit`` logs
+sample completions with :class:`~logra_lightning.callbacks.LogCompletions` unless the config names one. With LoGRA,
 ``--trainer.strategy ddp`` (``ddp_spawn``) runs :class:`~logra_lightning.optim.LoGRADDPStrategy`
 (``logra_ddp``): LoGRA's matrices stay out of DDP and their sketches are all-reduced (docs/strategies.md).
 
@@ -271,7 +272,7 @@ class LograCLI(LightningCLI):
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        from logra_lightning.callbacks import ExportPolicy, StepProgressBar
+        from logra_lightning.callbacks import ExportPolicy, LogCompletions, StepProgressBar
 
         callbacks = list(callbacks)
         configured = config.get("callbacks") or []
@@ -280,6 +281,8 @@ class LograCLI(LightningCLI):
             isinstance(cb, ProgressBar) for cb in [*configured, *callbacks]
         ):
             callbacks.append(StepProgressBar())
+        if self.subcommand == "fit" and not any(isinstance(cb, LogCompletions) for cb in [*configured, *callbacks]):
+            callbacks.append(LogCompletions())  # what the policy says, in completions.jsonl and the logger
         section = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and section.get("export"):
             callbacks.append(ExportPolicy(section.get("export")))
