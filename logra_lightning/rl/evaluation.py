@@ -42,12 +42,42 @@ def log_accuracy(loggers: Sequence[Any], accuracy: float, step: int) -> None:
         logger.log_metrics({"val/accuracy": accuracy}, step=step)
 
 
+def logs_line(loggers: Sequence[Any], log_dir: str | None) -> str:
+    """Where the run's logs went, naming each logger (the first one's directory holds ``summary.json``).
+
+    Example::
+
+        >>> logs_line([], "runs/x")
+        'no logger (trainer.logger: false); summary.json in runs/x'
+    """
+    parts = []
+    for logger in loggers:
+        kind = type(logger).__name__
+        if kind == "TensorBoardLogger":
+            parts.append(f"TensorBoard logs: {logger.log_dir}   (view: tensorboard --logdir {logger.save_dir})")
+        elif kind == "CSVLogger":
+            parts.append(f"CSV logs: {logger.log_dir}/metrics.csv")
+        elif kind == "WandbLogger":
+            parts.append(f"W&B run {logger.version} of project {logger.name}, local files under {logger.save_dir}")
+        elif kind == "MLFlowLogger":
+            parts.append(f"MLflow run {logger.run_id} (experiment {logger.name}) in {logger.save_dir}")
+        else:
+            parts.append(f"{kind} logs: {getattr(logger, 'log_dir', None) or logger.save_dir}")
+    return "; ".join(parts) if parts else f"no logger (trainer.logger: false); summary.json in {log_dir}"
+
+
 def write_fit_summary(
-    history: Sequence[tuple[int, float]], steps: int, train_seconds: float, log_dir: str | None, is_global_zero: bool
+    history: Sequence[tuple[int, float]],
+    steps: int,
+    train_seconds: float,
+    log_dir: str | None,
+    is_global_zero: bool,
+    loggers: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Write ``summary.json`` (rank zero, when there is a log directory), print the one-line result, return it.
 
-    ``history`` is ``[(step, accuracy), ...]``: the first entry is before RL, the last after.
+    ``history`` is ``[(step, accuracy), ...]``: the first entry is before RL, the last after; the line
+    after it names the ``loggers`` and where their files are (:func:`logs_line`).
     """
     before, acc = history[0][1], history[-1][1]
     summary = {
@@ -64,7 +94,7 @@ def write_fit_summary(
     rank_zero_only(print)(
         f"\nheld-out greedy accuracy: before RL {before:.1%} -> after {steps} RL steps {acc:.1%} "
         f"({'+' if acc >= before else ''}{100 * (acc - before):.1f} points, {train_seconds:.0f} s)\n"
-        f"TensorBoard logs: {log_dir}   (view: tensorboard --logdir runs)",
+        f"{logs_line(loggers, log_dir)}",
         flush=True,
     )
     return summary
@@ -155,4 +185,5 @@ class HeldOutEvaluation:
             time.perf_counter() - self._fit_started,
             log_dir,
             self.trainer.is_global_zero,
+            self.loggers,
         )
