@@ -157,7 +157,7 @@ def test_bad_command_line_values(args, match, tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, match",
     [
-        ([], r"a command is required: fit, validate, test, plan, export, serve or configs"),
+        ([], r"a command is required: fit, validate, test, plan, export, serve, generate or configs"),
         (["fti"], r"invalid choice: 'fti'"),
     ],
 )

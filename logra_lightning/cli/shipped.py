@@ -77,7 +77,7 @@ def shipped_path(value: str, kind: str) -> Path | None:
 
 def resolve(value: str, kind: str) -> str:
     """``value`` if it is an existing file, else the shipped file it names, else ``value`` unchanged."""
-    if Path(value).expanduser().exists():
+    if Path(value).expanduser().is_file():
         return value
     found = shipped_path(value, kind)
     return str(found) if found is not None else value
