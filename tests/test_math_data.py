@@ -140,10 +140,12 @@ def test_empty_file_is_an_error(tmp_path, content):
 def test_construction_errors(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"missing\.jsonl: data file not found .*set from_hub=True"):
         GSM8KSource(str(tmp_path / "missing.jsonl"))
-    csv = tmp_path / "g.csv"
-    csv.write_text("question,answer\n")
-    with pytest.raises(ConfigError, match=r"unknown format '\.csv'; use one of \('\.jsonl', '\.json', '\.parquet'\)"):
-        GSM8KSource(str(csv))
+    txt = tmp_path / "g.txt"
+    txt.write_text("question,answer\n")
+    with pytest.raises(
+        ConfigError, match=r"unknown format '\.txt'; use one of \('\.jsonl', '\.json', '\.parquet', '\.csv'\)"
+    ):
+        GSM8KSource(str(txt))
     good = str(write_jsonl(tmp_path / "g.jsonl", GSM8K_ROWS))
     with pytest.raises(ConfigError, match=r"template='Q: \{q\}': must contain the placeholder \{question\}"):
         GSM8KSource(good, template="Q: {q}")

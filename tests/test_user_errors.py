@@ -156,7 +156,10 @@ def test_bad_command_line_values(args, match, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "argv, match",
-    [([], r"a command is required: fit, validate, test, plan or export"), (["fti"], r"invalid choice: 'fti'")],
+    [
+        ([], r"a command is required: fit, validate, test, plan, export, serve, generate or configs"),
+        (["fti"], r"invalid choice: 'fti'"),
+    ],
 )
 def test_bad_subcommand(argv, match, capsys):
     assert re.search(match, console(argv, capsys))

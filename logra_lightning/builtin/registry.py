@@ -1,7 +1,8 @@
 """The built-in policies, ``builtin:<name>``: each built once on this machine, cached, shared by every process.
 
-A built-in model is a normal Hugging Face directory under ``$LOGRA_CACHE_DIR`` (default
-``.cache/logra``) named ``<name>-<hash of every setting>``, so a changed setting builds anew and
+A built-in model is a normal Hugging Face directory under ``$LOGRA_CACHE_DIR`` (default: the
+user's cache directory, ``~/.cache/logra`` or ``$XDG_CACHE_HOME/logra``, shared by every working
+directory) named ``<name>-<hash of every setting>``, so a changed setting builds anew and
 an unchanged one is found again. One process builds it under a file lock; the others (DDP ranks,
 parallel test workers, two ``logra fit`` runs) wait for it. A build writes into a temporary
 directory that is renamed into place, so a killed build is never picked up.
@@ -68,8 +69,10 @@ BUILTIN_MODELS: dict[str, BuiltinConfig] = {
 
 
 def cache_dir() -> Path:
-    """Where built-in models are kept: ``$LOGRA_CACHE_DIR``, default ``.cache/logra``."""
-    return Path(os.environ.get("LOGRA_CACHE_DIR", ".cache/logra")).expanduser()
+    """Where built-in models are kept: ``$LOGRA_CACHE_DIR``, else ``$XDG_CACHE_HOME/logra``, else ``~/.cache/logra``."""
+    if os.environ.get("LOGRA_CACHE_DIR"):
+        return Path(os.environ["LOGRA_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "logra"
 
 
 def _key(cfg: BuiltinConfig) -> str:

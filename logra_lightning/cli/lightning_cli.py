@@ -7,9 +7,9 @@ atomically (:class:`~logra_lightning.io.checkpoint.AtomicCheckpointIO`).
 
 Before any class is created, :func:`~logra_lightning.config.checks.validate_fit_config` checks the
 parsed config (values out of range fail with the key, the value and the allowed range), and
-``--ckpt_path last`` is resolved to the newest ``last*.ckpt`` under the logger's
-``<save_dir>/<name>/version_*/checkpoints/`` (Lightning itself looks only in the new run's own
-version directory, which is empty). The resumed run logs to a new ``version_N``.
+``--ckpt_path last`` / ``best`` are resolved to the newest ``last*.ckpt`` / the recorded best checkpoint
+of the earlier runs, for any logger (:mod:`logra_lightning.cli.checkpoints`; Lightning itself looks only in
+the new run's own version directory, which is empty). The resumed run logs to a new version.
 
 Every mistake a user makes at start-up ends in one line, ``logra: error: ...``, and exit status 2
 (:func:`~logra_lightning.cli.main.main`): ``--config`` files are checked before parsing (missing,
@@ -18,7 +18,8 @@ unknown classes) are turned into one line, ``--ckpt_path`` is checked before Lig
 (:func:`~logra_lightning.io.checkpoint.check_checkpoint_path`), and model paths, log and export
 directories in :func:`~logra_lightning.config.checks.validate_fit_config`. ``logra fit --export DIR``
 adds :class:`~logra_lightning.callbacks.ExportPolicy`; the progress bar is
-:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another. With LoGRA,
+:class:`~logra_lightning.callbacks.StepProgressBar` unless the config names another, and ``fit`` logs
+sample completions with :class:`~logra_lightning.callbacks.LogCompletions` unless the config names one. With LoGRA,
 ``--trainer.strategy ddp`` (``ddp_spawn``) runs :class:`~logra_lightning.optim.LoGRADDPStrategy`
 (``logra_ddp``): LoGRA's matrices stay out of DDP and their sketches are all-reduced (docs/strategies.md).
 
@@ -42,6 +43,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from logra_lightning.cli.checkpoints import resolve_ckpt_keyword
 from logra_lightning.config.checks import validate_fit_config
 from logra_lightning.config.resume import check_resume_optimizer, checkpoint_optimizer, replaced_hparams
 from logra_lightning.data import PromptDataModule
@@ -60,35 +62,6 @@ TRAINER_DEFAULTS = {
     "devices": 1,
     "log_every_n_steps": 1,
 }
-
-
-def find_last_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest ``last*.ckpt`` (file or distributed-checkpoint directory) in ``run_dir/*/checkpoints/``."""
-    found = [p for p in Path(run_dir).glob("*/checkpoints/last*.ckpt") if re.fullmatch(r"last(-v\d+)?\.ckpt", p.name)]
-    return max(found, key=lambda p: p.stat().st_mtime, default=None)
-
-
-def _logger_run_dir(trainer_cfg: dict[str, Any]) -> Path | None:
-    """``<save_dir>/<name>`` of a single configured logger, or ``None`` (no logger, several, or unusual)."""
-    logger = trainer_cfg.get("logger")
-    if isinstance(logger, list):
-        logger = logger[0] if len(logger) == 1 else None
-    if not isinstance(logger, dict):
-        return None
-    args = logger.get("init_args") or {}
-    save_dir = args.get("save_dir") or trainer_cfg.get("default_root_dir") or "."
-    return Path(save_dir) / str(args.get("name") or "lightning_logs")
-
-
-def _explicit_checkpoint_dir(trainer_cfg: dict[str, Any]) -> bool:
-    callbacks = trainer_cfg.get("callbacks") or []
-    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-    return any(
-        isinstance(cb, dict)
-        and str(cb.get("class_path", "")).endswith("ModelCheckpoint")
-        and (cb.get("init_args") or {}).get("dirpath")
-        for cb in callbacks
-    )
 
 
 def _own_error(err: BaseException) -> LograError | None:
@@ -235,6 +208,13 @@ class LograCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         validate_fit_config(config.as_dict())
+        if config.get("ckpt_path") in ("last", "best"):  # the earlier runs' checkpoints, for any logger
+            path, message = resolve_ckpt_keyword(
+                config.ckpt_path, self.subcommand, config.as_dict().get("trainer") or {}
+            )
+            if path is not None:
+                rank_zero_info(message)
+                config.ckpt_path = path
         ckpt_path = config.get("ckpt_path")
         if ckpt_path not in (None, *_CKPT_KEYWORDS) and is_distributed_checkpoint(ckpt_path):
             if not _strategy_name(config.as_dict().get("trainer") or {}).endswith("ModelParallelStrategy"):
@@ -243,14 +223,6 @@ class LograCLI(LightningCLI):
                     "can resume; run the config that wrote it (e.g. configs/arithmetic_fsdp.yaml), or turn it into a "
                     f"model with `logra export --ckpt_path {ckpt_path} --out DIR` and train from --model.model DIR"
                 )
-        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
-            trainer_cfg = config.as_dict().get("trainer") or {}
-            run_dir = _logger_run_dir(trainer_cfg)
-            if run_dir is not None and not _explicit_checkpoint_dir(trainer_cfg):
-                last = find_last_checkpoint(run_dir)
-                if last is not None:
-                    rank_zero_info(f"[logra] resuming from {last}")
-                    config.ckpt_path = str(last)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path not in (None, *_CKPT_KEYWORDS) and Path(ckpt_path).is_file():
             model_cfg = config.as_dict().get("model") or {}
@@ -271,7 +243,7 @@ class LograCLI(LightningCLI):
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        from logra_lightning.callbacks import ExportPolicy, StepProgressBar
+        from logra_lightning.callbacks import ExportPolicy, LogCompletions, StepProgressBar
 
         callbacks = list(callbacks)
         configured = config.get("callbacks") or []
@@ -280,6 +252,8 @@ class LograCLI(LightningCLI):
             isinstance(cb, ProgressBar) for cb in [*configured, *callbacks]
         ):
             callbacks.append(StepProgressBar())
+        if self.subcommand == "fit" and not any(isinstance(cb, LogCompletions) for cb in [*configured, *callbacks]):
+            callbacks.append(LogCompletions())  # what the policy says, in completions.jsonl and the logger
         section = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and section.get("export"):
             callbacks.append(ExportPolicy(section.get("export")))

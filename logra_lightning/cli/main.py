@@ -1,9 +1,14 @@
-"""The ``logra`` command: ``fit|validate|test`` (LightningCLI), ``plan``, ``export`` and ``serve``.
+"""The ``logra`` command: ``fit|validate|test`` (LightningCLI), and ``plan|export|serve|generate|configs``.
 
-``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan``, ``export`` and ``serve``
-have their own small parsers (:mod:`logra_lightning.plan.cli`, :mod:`logra_lightning.io.export`,
-:mod:`logra_lightning.cli.serve`) and do not import Lightning; the trainer subcommands are
+``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan``, ``export``, ``serve``,
+``generate`` and ``configs`` have their own small parsers (:mod:`logra_lightning.plan.cli`,
+:mod:`logra_lightning.io.export`, :mod:`logra_lightning.cli.serve`, :mod:`logra_lightning.cli.generate`,
+:mod:`logra_lightning.cli.shipped`); the trainer subcommands are
 :class:`~logra_lightning.cli.lightning_cli.LograCLI`.
+
+``--config`` takes a file or the name of a shipped config (``logra configs`` lists them), and the
+working directory is put on ``sys.path`` (as ``trl`` does), so a config can name a reward or a source
+in a module beside it (``model.reward: my_reward.score``).
 
 Example::
 
@@ -15,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from typing import TYPE_CHECKING
@@ -38,12 +44,14 @@ def _fail(message: str) -> None:
 USAGE = """usage: logra <command> [options]   (logra <command> --help for each command's options)
 
 commands:
-  fit        RL post-training (LightningCLI): logra fit --config configs/arithmetic_tiny.yaml
+  fit        RL post-training (LightningCLI): logra fit --config arithmetic_tiny   (a shipped config's name, or a file)
   validate   held-out greedy accuracy of the policy, or of a checkpoint (--ckpt_path)
   test       the same, logged as test/accuracy
   plan       will RL on this model fit, with AdamW or LoGRA, on these GPUs? (no Lightning, no model download)
   export     a checkpoint as a Hugging Face directory that transformers and `vllm serve` load
   serve      a vLLM server that takes LoGRA's low-rank syncs (docs/server_engine.md)
+  generate   completions of a checkpoint or model directory; pass@k of a reward on held-out problems
+  configs    the shipped configs and callback snippets; `logra configs cp NAME DST` copies one to edit
 """
 
 
@@ -86,10 +94,12 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
 
         torch.multiprocessing.set_start_method("spawn", force=True)
     if not argv:
-        _fail("logra: error: a command is required: fit, validate, test, plan or export (logra --help says more)")
+        _fail("logra: error: a command is required: fit, validate, test, plan, export, serve, generate or configs")
     if argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if args is not None else None
+    if os.getcwd() not in sys.path:  # a reward or source in a module beside the config (as `trl` does)
+        sys.path.insert(0, os.getcwd())
     if argv and argv[0] == "plan":
         from logra_lightning import plan
 
@@ -100,6 +110,16 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
         code = serve.main(argv[1:])
         return code if args is not None else None
     try:
+        if argv[0] == "configs":
+            from logra_lightning.cli import shipped
+
+            code = shipped.main(argv[1:])
+            return code if args is not None else (code or None)
+        if argv[0] == "generate":
+            from logra_lightning.cli import generate
+
+            code = generate.main(argv[1:])
+            return code if args is not None else None
         if argv and argv[0] == "export":
             from logra_lightning.io import export
 
@@ -112,12 +132,16 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
     from omegaconf.errors import OmegaConfBaseException
 
     from logra_lightning.cli.lightning_cli import LograCLI, interpolation_error_line, parse_error_line, subcommand_of
+    from logra_lightning.cli.shipped import resolve_argv
     from logra_lightning.config.files import check_config_files, config_file_args
 
     try:
+        argv = resolve_argv(argv)  # shipped configs and callback snippets by name
         check_config_files(argv)  # a parse error, like jsonargparse's own: exits from Python too
     except ConfigError as err:
         _fail(error_line(err))
+    if args is None:
+        sys.argv[1:] = argv  # the CLI reads the resolved paths from there
     try:
         cli = LograCLI(args=None if args is None else argv)  # None: the CLI reads sys.argv itself, without a warning
     except argparse.ArgumentError as err:

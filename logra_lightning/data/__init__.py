@@ -1,4 +1,5 @@
-"""Prompt sources and the data module (synthetic arithmetic, reasoning tasks, JSONL, GSM8K/MATH, reasoning-gym)."""
+"""Prompt sources and the data module (any table: TableSource; synthetic arithmetic, reasoning tasks, JSONL,
+GSM8K/MATH, reasoning-gym)."""
 
 from logra_lightning.data.arithmetic import ArithmeticSource
 from logra_lightning.data.chain_arithmetic import ChainArithmeticSource
@@ -9,6 +10,7 @@ from logra_lightning.data.module import PromptDataModule, collate_records
 from logra_lightning.data.reasoning_gym import ReasoningGymSource
 from logra_lightning.data.sorting import SortingSource
 from logra_lightning.data.source import PromptSource
+from logra_lightning.data.table import TableSource
 
 __all__ = [
     "ArithmeticSource",
@@ -21,6 +23,7 @@ __all__ = [
     "PromptSource",
     "ReasoningGymSource",
     "SortingSource",
+    "TableSource",
     "collate_records",
     "read_jsonl_records",
 ]

@@ -1,4 +1,4 @@
-"""GSM8K- and MATH-shaped prompt sources, read from JSONL, JSON, Parquet or (on request) the Hub.
+"""GSM8K- and MATH-shaped prompt sources: :class:`~logra_lightning.data.table.TableSource` set up for their fields.
 
 Each source is a ``class_path`` target whose ``load()`` returns records
 ``{"prompt": str, "answer": str, "question": str}``: ``prompt`` is the question put
@@ -12,18 +12,10 @@ reference answer the reward compares against, ``question`` the raw problem text.
 - MATH (``{"problem", "solution"}``, optional ``"answer"``): the reference is the
   ``answer`` field when present, else the last ``\\boxed{...}`` of the solution.
 
-File format follows the extension: ``.jsonl`` (one object per line; blank lines
-skipped), ``.json`` (a list of objects, or JSON lines), ``.parquet`` (via pyarrow).
-A Hugging Face dataset name (``openai/gsm8k``) is loaded with ``datasets`` only when
-``from_hub=True``; tests never do this.
-
-Bad data stops ``load()`` with :class:`~logra_lightning.errors.DataError` naming the
-file and line (JSON arrays and Parquet: the record/row number): invalid JSON,
-non-UTF-8 bytes, a missing or non-string field, a MATH solution without a boxed
-answer, an empty file. We raise rather than skip because a silently shrinking
-dataset is harder to notice than an error. The one thing skipped is a prompt longer
-than ``max_prompt_chars`` (counted in ``source.stats["skipped_too_long"]``, one
-warning per load), since long problems are a property of the data, not a defect.
+Reading (JSONL, JSON, Parquet, CSV or a cached `datasets` name), templating, the
+``max_prompt_chars`` filter and the errors (file and line) are :class:`TableSource`'s; a
+GSM8K answer without a final ``####`` line and a MATH solution without a boxed answer
+are errors too.
 
 Example::
 
@@ -36,104 +28,13 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
-import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
-
-from logra_lightning.data.source import PromptSource
-from logra_lightning.data.template import check_template, render_prompt
-from logra_lightning.errors import ConfigError, DataError
+from logra_lightning.data.table import FORMATS, TableSource, _text_field
+from logra_lightning.errors import DataError
 from logra_lightning.rewards.math import extract_boxed
 
-FORMATS = (".jsonl", ".json", ".parquet")
-
-
-def _decode(raw: bytes, path: Path, lineno: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({err.reason} at byte {err.start} of the line)") from None
-
-
-def _iter_jsonl(path: Path) -> Iterator[tuple[str, object]]:
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = _decode(raw, path, lineno)
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
-
-
-def _iter_json(path: Path) -> Iterator[tuple[str, object]]:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8 ({err.reason})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        if err.msg == "Extra data":  # several top-level values: JSON lines saved as .json
-            yield from _iter_jsonl(path)
-            return
-        raise DataError(f"{path}:{err.lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
-    if isinstance(doc, dict):
-        yield f"{path}:1", doc
-        return
-    if not isinstance(doc, list):
-        raise DataError(f"{path}: expected a JSON list of objects, got {type(doc).__name__}")
-    for i, row in enumerate(doc, start=1):
-        yield f"{path}: record {i}", row
-
-
-def _iter_parquet(path: Path) -> Iterator[tuple[str, object]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a corrupt file
-        raise DataError(f"{path}: not a readable Parquet file ({type(err).__name__}: {err})") from None
-    for i, row in enumerate(table.to_pylist(), start=1):
-        yield f"{path}: row {i}", row
-
-
-def _iter_hub(name: str, config: str | None, split: str) -> Iterator[tuple[str, object]]:
-    import datasets  # checked in __init__
-
-    try:
-        rows = datasets.load_dataset(name, config, split=split)
-    except Exception as err:  # noqa: BLE001 - offline, unknown name, bad split: all mean "use a local file"
-        raise DataError(
-            f"{name}: could not load split {split!r} from the Hugging Face Hub ({type(err).__name__}: {err}); "
-            "download the data where the Hub is reachable and pass the local .jsonl/.parquet file as path"
-        ) from None
-    for i, row in enumerate(rows, start=1):
-        yield f"{name}[{split}]: row {i}", row
-
-
-def _text_field(row: dict, field: str, where: str, arg: str) -> str:
-    if field not in row:
-        raise DataError(
-            f"{where}: missing field {field!r} (fields present: {sorted(row)}); set {arg} to the name your file uses"
-        )
-    value = row[field]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise DataError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise DataError(f"{where}: field {field!r} is empty")
-    return value
+__all__ = ["FORMATS", "GSM8KSource", "MATHSource", "gsm8k_final_answer"]
 
 
 def gsm8k_final_answer(answer: str) -> str | None:
@@ -154,18 +55,18 @@ def gsm8k_final_answer(answer: str) -> str | None:
     return answer if "\n" not in answer else None
 
 
-class _MathFileSource(PromptSource):
-    """Shared loading, templating and filtering of the math sources (see the module docstring).
+class _MathFileSource(TableSource):
+    """A :class:`TableSource` whose subclass turns a row into ``(question, answer)`` and keeps ``question``.
 
-    A subclass adds the names of the fields it reads and turns a row into ``(question, answer)``
-    (:meth:`_question_and_answer`); everything else is these arguments, passed on as ``**kwargs``
-    (jsonargparse follows them here, so ``logra fit --help`` lists them under the subclass).
+    A subclass adds the names of the fields it reads (:meth:`_question_and_answer`); everything else is
+    these arguments, passed on as ``**kwargs`` (jsonargparse follows them here, so ``logra fit --help``
+    lists them under the subclass).
 
     Args:
-        path: a ``.jsonl`` / ``.json`` / ``.parquet`` file, or a Hub name with ``from_hub=True``.
-        split: Hub split (``from_hub`` only).
-        from_hub: load ``path`` with ``datasets.load_dataset`` (needs network access).
-        hub_config: Hub config name (``"main"`` for ``openai/gsm8k``).
+        path: a ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file, or a `datasets` name with ``from_hub=True``.
+        split: `datasets` split (``from_hub`` only).
+        from_hub: load ``path`` with ``datasets.load_dataset`` from the local cache (offline).
+        hub_config: `datasets` config name (``"main"`` for ``openai/gsm8k``).
         template: user-message template with a ``{question}`` placeholder.
         system: optional system prompt.
         use_chat_template: use the tokenizer's chat template when it has one.
@@ -186,63 +87,20 @@ class _MathFileSource(PromptSource):
         max_prompt_chars: int | None = None,
         limit: int | None = None,
     ) -> None:
-        name = type(self).__name__
-        check_template(template)
-        for key, value in (("max_prompt_chars", max_prompt_chars), ("limit", limit)):
-            if value is not None and not (isinstance(value, int) and value > 0):
-                raise ConfigError(f"{name}.{key}={value!r}: use a positive integer or null")
-        if from_hub:
-            if importlib.util.find_spec("datasets") is None:
-                raise ConfigError(f"{name}(from_hub=True) needs the `datasets` package: pip install datasets")
-        else:
-            p = Path(path)
-            if not p.is_file():
-                raise DataError(
-                    f"{path}: data file not found ({name}.path); to load a Hub dataset by name set from_hub=True"
-                )
-            if p.suffix.lower() not in FORMATS:
-                raise ConfigError(f"{name}.path={path!r}: unknown format {p.suffix!r}; use one of {FORMATS}")
-        self.path, self.split, self.from_hub, self.hub_config = path, split, from_hub, hub_config
-        self.template, self.system, self.use_chat_template = template, system, use_chat_template
-        self.max_prompt_chars, self.limit = max_prompt_chars, limit
-        self.tokenizer = None  # set by whoever owns the tokenizer, before load(), to use its chat template
-        self.stats: dict[str, int] = {}
+        super().__init__(
+            path,
+            split=split,
+            from_hub=from_hub,
+            hub_config=hub_config,
+            template=template,
+            system=system,
+            use_chat_template=use_chat_template,
+            max_prompt_chars=max_prompt_chars,
+            limit=limit,
+        )
 
-    def _question_and_answer(self, row: dict, where: str) -> tuple[str, str]:
-        raise NotImplementedError
-
-    def rows(self) -> Iterator[tuple[str, object]]:
-        """``(where, row)`` pairs from the file or the Hub, ``where`` being ``"path:line"`` or similar."""
-        if self.from_hub:
-            return _iter_hub(self.path, self.hub_config, self.split)
-        path = Path(self.path)
-        return {".jsonl": _iter_jsonl, ".json": _iter_json, ".parquet": _iter_parquet}[path.suffix.lower()](path)
-
-    def load(self) -> list[dict[str, str]]:
-        records, too_long = [], 0
-        for where, row in self.rows():
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            question, answer = self._question_and_answer(row, where)
-            prompt = render_prompt(question, self.tokenizer, self.template, self.system, self.use_chat_template)
-            if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
-                too_long += 1
-                continue
-            records.append({"prompt": prompt, "answer": answer, "question": question})
-            if self.limit is not None and len(records) == self.limit:
-                break
-        self.stats = {"loaded": len(records), "skipped_too_long": too_long}
-        if not records:
-            why = "the file is empty"
-            if too_long:
-                why = f"all {too_long} prompts exceed max_prompt_chars={self.max_prompt_chars}"
-            raise DataError(f"{self.path}: no records ({why})")
-        if too_long:
-            rank_zero_warn(
-                f"{type(self).__name__}({self.path}): skipped {too_long} prompts longer than "
-                f"max_prompt_chars={self.max_prompt_chars}; kept {len(records)}"
-            )
-        return records
+    def _extra_fields(self, row: dict, where: str, question: str) -> dict[str, Any]:
+        return {"question": question}
 
 
 class GSM8KSource(_MathFileSource):

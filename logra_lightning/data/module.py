@@ -47,6 +47,24 @@ def collate_records(records: list[dict]) -> dict[str, list]:
     return {k: [r[k] for r in records] for k in records[0]}
 
 
+def record_fields(batch: dict[str, list]) -> dict[str, list]:
+    """A batch's fields other than ``prompt`` and ``answer``: what a reward may ask for by name.
+
+    >>> record_fields({"prompt": ["1+1="], "answer": ["2"], "level": [1]})
+    {'level': [1]}
+    """
+    return {k: v for k, v in batch.items() if k not in ("prompt", "answer")}
+
+
+def repeat_fields(fields: dict[str, list], n: int) -> dict[str, list]:
+    """Each value ``n`` times in a row, as the prompts of a rollout with ``n`` samples per prompt.
+
+    >>> repeat_fields({"level": [1, 2]}, 2)
+    {'level': [1, 1, 2, 2]}
+    """
+    return {k: [x for x in v for _ in range(n)] for k, v in fields.items()}
+
+
 class ResumableSampler(DistributedSampler):
     """A shuffling ``DistributedSampler`` that can start an epoch after its first ``skip`` indices.
 

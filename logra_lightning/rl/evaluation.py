@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
 from logra_lightning._util import full
+from logra_lightning.data.module import collate_records, record_fields
 from logra_lightning.rollout.greedy import correct, greedy_accuracy, greedy_completions
 
 
@@ -40,12 +42,42 @@ def log_accuracy(loggers: Sequence[Any], accuracy: float, step: int) -> None:
         logger.log_metrics({"val/accuracy": accuracy}, step=step)
 
 
+def logs_line(loggers: Sequence[Any], log_dir: str | None) -> str:
+    """Where the run's logs went, naming each logger (the first one's directory holds ``summary.json``).
+
+    Example::
+
+        >>> logs_line([], "runs/x")
+        'no logger (trainer.logger: false); summary.json in runs/x'
+    """
+    parts = []
+    for logger in loggers:
+        kind = type(logger).__name__
+        if kind == "TensorBoardLogger":
+            parts.append(f"TensorBoard logs: {logger.log_dir}   (view: tensorboard --logdir {logger.save_dir})")
+        elif kind == "CSVLogger":
+            parts.append(f"CSV logs: {logger.log_dir}/metrics.csv")
+        elif kind == "WandbLogger":
+            parts.append(f"W&B run {logger.version} of project {logger.name}, local files under {logger.save_dir}")
+        elif kind == "MLFlowLogger":
+            parts.append(f"MLflow run {logger.run_id} (experiment {logger.name}) in {logger.save_dir}")
+        else:
+            parts.append(f"{kind} logs: {getattr(logger, 'log_dir', None) or logger.save_dir}")
+    return "; ".join(parts) if parts else f"no logger (trainer.logger: false); summary.json in {log_dir}"
+
+
 def write_fit_summary(
-    history: Sequence[tuple[int, float]], steps: int, train_seconds: float, log_dir: str | None, is_global_zero: bool
+    history: Sequence[tuple[int, float]],
+    steps: int,
+    train_seconds: float,
+    log_dir: str | None,
+    is_global_zero: bool,
+    loggers: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Write ``summary.json`` (rank zero, when there is a log directory), print the one-line result, return it.
 
-    ``history`` is ``[(step, accuracy), ...]``: the first entry is before RL, the last after.
+    ``history`` is ``[(step, accuracy), ...]``: the first entry is before RL, the last after; the line
+    after it names the ``loggers`` and where their files are (:func:`logs_line`).
     """
     before, acc = history[0][1], history[-1][1]
     summary = {
@@ -62,7 +94,7 @@ def write_fit_summary(
     rank_zero_only(print)(
         f"\nheld-out greedy accuracy: before RL {before:.1%} -> after {steps} RL steps {acc:.1%} "
         f"({'+' if acc >= before else ''}{100 * (acc - before):.1f} points, {train_seconds:.0f} s)\n"
-        f"TensorBoard logs: {log_dir}   (view: tensorboard --logdir runs)",
+        f"{logs_line(loggers, log_dir)}",
         flush=True,
     )
     return summary
@@ -83,13 +115,13 @@ class HeldOutEvaluation:
 
     @override
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        correct = self._greedy_correct(batch["prompt"], batch["answer"])
+        correct = self._greedy_correct(batch)
         self.val_accuracy.update(correct)
         self.log("val/accuracy", self.val_accuracy, prog_bar=True, batch_size=len(correct))
 
     @override
     def test_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        correct = self._greedy_correct(batch["prompt"], batch["answer"])
+        correct = self._greedy_correct(batch)
         self.test_accuracy.update(correct)
         self.log("test/accuracy", self.test_accuracy, prog_bar=True, batch_size=len(correct))
 
@@ -108,11 +140,12 @@ class HeldOutEvaluation:
             return
         self.engine.load_weights([(name, full(p)) for name, p in self.policy.named_parameters()])
 
-    def _greedy_correct(self, prompts: list[str], answers: list[str]) -> torch.Tensor:
-        hp = self.hparams
+    def _greedy_correct(self, batch: dict[str, list]) -> torch.Tensor:
+        hp, prompts = self.hparams, batch["prompt"]
         limit = hp.eval_max_new_tokens or hp.max_new_tokens
         texts = greedy_completions(self.engine, self.tokenizer, prompts, max_new_tokens=limit)
-        return correct(self._score, prompts, texts, answers, hp.correct_reward)  # [B]
+        score = partial(self._score, fields=record_fields(batch))  # the reward may ask for the records' fields
+        return correct(score, prompts, texts, batch["answer"], hp.correct_reward)  # [B]
 
     def evaluate(self) -> float | None:
         """Greedy held-out accuracy over the datamodule's whole validation set (``None`` without one)."""
@@ -124,7 +157,7 @@ class HeldOutEvaluation:
             self.engine,
             self.tokenizer,
             records,
-            self._score,
+            partial(self._score, fields=record_fields(collate_records(records))),
             max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
             batch_size=getattr(dm, "val_batch_size", 64),
             correct_reward=hp.correct_reward,
@@ -152,4 +185,5 @@ class HeldOutEvaluation:
             time.perf_counter() - self._fit_started,
             log_dir,
             self.trainer.is_global_zero,
+            self.loggers,
         )

@@ -10,8 +10,8 @@ decision (:func:`all_ranks_agree`, one boolean all-reduce through the strategy).
 ======================================  =========================================  ==============================
 Fault                                   Behaviour                                  Counter / message
 ======================================  =========================================  ==============================
-reward function raises / returns        that sample gets reward 0                  ``reward/errors``; warned once
-NaN or inf for a sample
+reward function raises / returns        that sample gets reward 0 (of a            ``reward/errors``; warned once
+None, NaN or inf for a sample           WeightedRewards: that part of it)
 empty batch (no completion token) or    step skipped before scoring: no            ``health/skipped_batches``;
 all completions cut at                  backward, no optimizer or callback         warned once with the step
 ``max_new_tokens``                      state touched
@@ -126,19 +126,41 @@ class FaultPolicy:
         self.skipped_steps = 0
         self.skipped_batches = 0
         self.consecutive_skips = 0
+        self.last_parts: dict[str, list[float]] = {}  # the last score()'s values per part of a WeightedRewards
         self._warn_once = WarnOnce(rank_zero_warn)
 
     def score(
-        self, reward_fn: Callable, prompts: list[str], completions: list[str], answers: list[str], step: int
+        self,
+        reward_fn: Callable,
+        prompts: list[str],
+        completions: list[str],
+        answers: list[str],
+        step: int,
+        fields: dict[str, list] | None = None,
     ) -> torch.Tensor:
-        """Rewards ``[N]``; a sample whose scoring raised or gave NaN/inf gets 0 and counts in ``reward/errors``."""
-        values, errors, first = safe_rewards(reward_fn, prompts, completions, answers)
-        bad = {i for i, v in enumerate(values) if not math.isfinite(v)}
-        if bad:  # a NaN/inf reward would turn its whole group's advantages into NaN: treat it as a failed sample
-            i = min(bad)
-            first = first or f"non-finite reward {values[i]} for sample {i}"
-            values = [0.0 if i in bad else v for i, v in enumerate(values)]
-            errors += len(bad)
+        """Rewards ``[N]``; a sample whose scoring raised or gave None/NaN/inf gets 0 and counts in ``reward/errors``.
+
+        ``fields`` are the records' other fields, passed to a reward that asks for them. The parts of a
+        :class:`~logra_lightning.rewards.WeightedRewards` are scored one by one (a failing part costs only
+        its share of the sample) and kept in ``last_parts`` (``{name: [N] values}``) for ``reward/<name>``.
+        """
+        parts = getattr(reward_fn, "parts", None) or [(None, reward_fn, 1.0)]
+        total, errors, first = [0.0] * len(completions), 0, None
+        self.last_parts = {}
+        for name, fn, weight in parts:
+            values, n, why = safe_rewards(fn, prompts, completions, answers, fields)
+            bad = {i for i, v in enumerate(values) if not math.isfinite(v)}
+            if bad:  # a NaN/inf reward would turn its whole group's advantages into NaN: treat it as a failed sample
+                i = min(bad)
+                why = why or f"no finite reward ({values[i]}; None counts as NaN) for sample {i}"
+                values = [0.0 if i in bad else v for i, v in enumerate(values)]
+                n += len(bad)
+            if n and first is None:
+                first = why if name is None else f"reward {name}: {why}"
+            errors += n
+            if name is not None:
+                self.last_parts[name] = values
+            total = [t + weight * v for t, v in zip(total, values)]
         if errors:
             if not self.reward_errors:
                 rank_zero_warn(
@@ -146,7 +168,7 @@ class FaultPolicy:
                     f"(they get reward 0; counted in reward/errors). First error: {first}"
                 )
             self.reward_errors += errors
-        return torch.tensor(values, dtype=torch.float32)  # [N]
+        return torch.tensor(total, dtype=torch.float32)  # [N]
 
     def stepped(self) -> None:
         """An optimizer step was taken: the run of consecutive skips is over."""

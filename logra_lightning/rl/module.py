@@ -69,13 +69,14 @@ from typing_extensions import override
 from logra_lightning._util import mix_seed
 from logra_lightning.builtin.registry import resolve_model
 from logra_lightning.config.checks import check_engine_context, check_module_args
+from logra_lightning.data.module import record_fields, repeat_fields
 from logra_lightning.errors import ConfigError
 from logra_lightning.kl.probe import KLProbe
 from logra_lightning.models import load_policy, load_tokenizer
 from logra_lightning.models.lora import LoRA
 from logra_lightning.optim.clipping import clip_grad_norm_
 from logra_lightning.optim.strategy_check import check_strategy_supported
-from logra_lightning.rewards import ExactMatchReward
+from logra_lightning.rewards import as_reward
 from logra_lightning.rl.evaluation import HeldOutEvaluation
 from logra_lightning.rl.faults import FaultPolicy, all_ranks_agree, degenerate_rollout, engine_failure, grads_finite
 from logra_lightning.rl.lm_head import DEFAULT_CHUNK_SIZE
@@ -84,6 +85,7 @@ from logra_lightning.rl.loss import LossConfig, grpo_advantages, grpo_loss, mask
 from logra_lightning.rl.micro_batches import plan_micro_batches, split_to_count, use_padding_free
 from logra_lightning.rl.offpolicy import OffPolicyQueue, Submitted
 from logra_lightning.rl.phases import announce_phase
+from logra_lightning.rl.samples import ScoredSamples
 from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
 
@@ -97,7 +99,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         optimizer: optimizer factory (``OptimizerCallable``), called with the policy's
             ``(name, param)`` pairs; e.g. ``torch.optim.AdamW`` or ``logra_lightning.optim.LoGRA``.
         engine: rollout engine spec (default: in-process HF ``generate`` on the policy's weights).
-        reward: ``reward(prompts, completions, answers) -> list[float]`` (default exact match).
+        reward: ``reward(prompts, completions, answers, **fields) -> list[float]`` (default exact match): a
+            callable, ``path/to/file.py:function``, ``module.function``, or a list of these (their sum); the
+            function gets the record fields it names (:mod:`~logra_lightning.rewards.user`).
         group_size: samples per prompt ``G``.
         max_new_tokens: completion length limit for rollouts.
         temperature, top_p: rollout sampling.
@@ -161,7 +165,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         model: str = "builtin:arithmetic-tiny",
         optimizer: OptimizerCallable = torch.optim.AdamW,
         engine: EngineSpec | None = None,
-        reward: Callable | None = None,
+        reward: str | Callable | list[str | Callable] | None = None,
         group_size: int = 8,
         max_new_tokens: int = 6,
         temperature: float = 1.0,
@@ -198,7 +202,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self.model_spec = model
         self.optimizer_factory = optimizer
         self.engine_spec = engine or HFEngineSpec()
-        self.reward_fn = reward or ExactMatchReward()
+        self.reward_fn = as_reward(reward)
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         self.policy: torch.nn.Module | None = None
         self.tokenizer = None
@@ -218,6 +222,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self._sampling_seed = sampling_seed
         self._queue = OffPolicyQueue()  # off_policy_steps=1: the batch sampled ahead
         self._seconds: dict[str, float] = {}  # this step's wall time per phase
+        self.last_samples: ScoredSamples | None = None  # the latest scored rollout (for the completions callback)
 
     # ------------------------------------------------------------------ setup
     @override
@@ -300,14 +305,16 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         start = time.perf_counter()
         self._seconds.clear()
         hp, G = self.hparams, self.hparams.group_size
-        prompts, answers = batch["prompt"], batch["answer"]
+        prompts, answers, fields = batch["prompt"], batch["answer"], record_fields(batch)
         prompt_ids = [self.tokenizer.encode(p) for p in prompts]
 
         if hp.off_policy_steps:  # submit this batch, train on the one sampled while the previous step trained
-            ahead = Submitted(prompts, answers, prompt_ids, self.engine.submit(prompt_ids, G, self._next_sampling()))
+            ahead = Submitted(
+                prompts, answers, prompt_ids, self.engine.submit(prompt_ids, G, self._next_sampling()), fields
+            )
             if (behind := self._queue.exchange(ahead)) is None:
                 return  # the first batch of a fit only fills the pipeline
-            prompts, answers, prompt_ids = behind.prompts, behind.answers, behind.prompt_ids
+            prompts, answers, prompt_ids, fields = behind.prompts, behind.answers, behind.prompt_ids, behind.fields
             with announce_phase(self, "rollout", self._seconds):
                 rollout = self._checked(lambda: self.engine.wait(behind.pending), len(prompt_ids) * G)
             lag = self.engine.policy_lag(rollout) if hasattr(self.engine, "policy_lag") else None
@@ -323,8 +330,15 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             self._log_health(rollout, start, len(prompts))
             return
         rewards = self._score(
-            [p for p in prompts for _ in range(G)], rollout.texts, [a for a in answers for _ in range(G)]
+            [p for p in prompts for _ in range(G)],
+            rollout.texts,
+            [a for a in answers for _ in range(G)],
+            repeat_fields(fields, G),
         )
+        self.last_samples = ScoredSamples.of(
+            self.global_step, prompts, answers, G, rollout.texts, rewards, self.faults.last_parts
+        )
+        self.log_dict({f"reward/{k}": v for k, v in self.last_samples.part_means().items()}, batch_size=len(prompts))
         traj = self._trajectory([p for p in prompt_ids for _ in range(G)], rollout, rewards)
         stats: dict[str, float] = {}
         for epoch in range(hp.ppo_epochs):
@@ -489,8 +503,10 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             {**rollout.metrics(time.perf_counter() - start), **times, **self.faults.metrics()}, batch_size=batch_size
         )
 
-    def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> torch.Tensor:
-        return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step)  # [N]
+    def _score(
+        self, prompts: list[str], completions: list[str], answers: list[str], fields: dict[str, list] | None = None
+    ) -> torch.Tensor:
+        return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step, fields)  # [N]
 
     def _logprobs(self, seqs: PackedBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         """Log-probabilities of the targets ``[N, L-1]`` under ``model`` (default: the policy), micro-batched.

@@ -25,18 +25,20 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
 class Submitted:
-    """A batch whose rollout the engine is sampling: its prompts, answers, prompt ids, and the engine's handle."""
+    """A batch whose rollout the engine is sampling: its prompts, answers, prompt ids, the engine's handle, and
+    the records' other fields (for the reward)."""
 
     prompts: list[str]
     answers: list[str]
     prompt_ids: list[list[int]]
     pending: Any
+    fields: dict[str, list] = field(default_factory=dict)
 
 
 class OffPolicyQueue:

@@ -1,0 +1,149 @@
+"""``--ckpt_path last`` and ``--ckpt_path best``, found in the run's checkpoint directories for any logger.
+
+Lightning writes checkpoints to ``<save_dir>/<name>/<version>/checkpoints/`` of the first logger
+(or a ``ModelCheckpoint``'s own ``dirpath``), and resolves ``last``/``best`` only within the new
+run, which is empty. This module reads where the earlier runs of the same config put theirs:
+
+=====================================  ==========================================================
+logger (``trainer.logger``, the first)  checkpoint directories searched
+=====================================  ==========================================================
+``TensorBoardLogger``, ``CSVLogger``    ``<save_dir>/<name>/*/checkpoints`` (``name`` default
+and others with ``save_dir``/``name``   ``lightning_logs``)
+``WandbLogger`` (online or offline)     ``<save_dir or dir or .>/<project>/<run id>/checkpoints``
+``MLFlowLogger`` (local file store)     ``<save_dir or ./mlruns>/<experiment id>/<run id>/checkpoints``
+none                                    ``<default_root_dir>/checkpoints``
+``ModelCheckpoint(dirpath=...)``        that directory
+=====================================  ==========================================================
+
+``last`` is the newest ``last*.ckpt`` there; ``best`` is the ``best_model_path`` that the newest
+checkpoint's ``ModelCheckpoint`` state records (the one with a ``monitor``, e.g. ``val/accuracy``
+with ``mode: max``: ``callbacks/model_checkpoint_best.yaml``).
+
+Example::
+
+    >>> checkpoint_dirs({"logger": {"class_path": "lightning.pytorch.loggers.WandbLogger",
+    ...                             "init_args": {"project": "rl", "save_dir": "wb", "offline": True}}})
+    [PosixPath('wb/rl/*/checkpoints')]
+    >>> checkpoint_dirs({"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+    ...                             "init_args": {"save_dir": "runs"}}})
+    [PosixPath('runs/lightning_logs/*/checkpoints')]
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+from typing import Any
+
+from logra_lightning.errors import ConfigError
+
+
+def _first_logger(trainer_cfg: dict[str, Any]) -> Any:
+    logger = trainer_cfg.get("logger")
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    return logger
+
+
+def _explicit_dirpath(trainer_cfg: dict[str, Any]) -> str | None:
+    callbacks = trainer_cfg.get("callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    for cb in callbacks:
+        if isinstance(cb, dict) and str(cb.get("class_path", "")).endswith("ModelCheckpoint"):
+            dirpath = (cb.get("init_args") or {}).get("dirpath")
+            if dirpath:
+                return str(dirpath)
+    return None
+
+
+def checkpoint_dirs(trainer_cfg: dict[str, Any]) -> list[Path]:
+    """Glob patterns of the checkpoint directories of a config's runs (see the table above)."""
+    explicit = _explicit_dirpath(trainer_cfg)
+    if explicit:
+        return [Path(explicit)]
+    root = trainer_cfg.get("default_root_dir") or "."
+    logger = _first_logger(trainer_cfg)
+    if logger in (None, False):
+        return [Path(root) / "checkpoints"]
+    if logger is True:  # Lightning's default logger: TensorBoard under default_root_dir
+        return [Path(root) / "lightning_logs" / "*" / "checkpoints"]
+    if not isinstance(logger, dict):
+        return []
+    kind = str(logger.get("class_path", "")).rsplit(".", 1)[-1]
+    args = logger.get("init_args") or {}
+    if kind == "WandbLogger":
+        return [
+            Path(args.get("save_dir") or args.get("dir") or ".")
+            / (args.get("project") or "lightning_logs")
+            / "*"
+            / "checkpoints"
+        ]
+    if kind == "MLFlowLogger":
+        uri = str(args.get("tracking_uri") or "")
+        save_dir = uri.removeprefix("file:") if uri.startswith("file:") else args.get("save_dir") or "./mlruns"
+        return [Path(save_dir) / "*" / "*" / "checkpoints"]
+    name = args.get("name", "lightning_logs")
+    return [Path(args.get("save_dir") or root) / (name or "") / "*" / "checkpoints"]
+
+
+def _checkpoints(dirs: list[Path]) -> list[Path]:
+    """Every ``*.ckpt`` in the directories the patterns match, newest first."""
+    found = [p for pattern in dirs for folder in glob.glob(str(pattern)) for p in Path(folder).glob("*.ckpt")]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def find_last_checkpoint(dirs: list[Path]) -> Path | None:
+    """The newest ``last*.ckpt`` (file or distributed-checkpoint directory) in ``dirs``."""
+    return next((p for p in _checkpoints(dirs) if re.fullmatch(r"last(-v\d+)?\.ckpt", p.name)), None)
+
+
+def best_from_state(checkpoint: dict[str, Any]) -> tuple[str, str, float] | None:
+    """``(best_model_path, monitor, score)`` that a checkpoint's ``ModelCheckpoint`` state records, or ``None``."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if key.startswith("ModelCheckpoint") and state.get("monitor") and state.get("best_model_path"):
+            score = state.get("best_model_score")
+            return state["best_model_path"], state["monitor"], float(score) if score is not None else float("nan")
+    return None
+
+
+def find_best_checkpoint(dirs: list[Path]) -> tuple[Path, str, float] | None:
+    """The best checkpoint the newest one that knows it records (``best_from_state``), if it still exists."""
+    import torch
+
+    for path in _checkpoints(dirs):
+        if not path.is_file():
+            continue
+        best = best_from_state(torch.load(path, map_location="cpu", mmap=True, weights_only=True))
+        if best is not None and Path(best[0]).is_file():
+            return Path(best[0]), best[1], best[2]
+    return None
+
+
+def resolve_ckpt_keyword(keyword: str, subcommand: str, trainer_cfg: dict[str, Any]) -> tuple[str | None, str]:
+    """``(path, message)`` for ``--ckpt_path last|best``; ``path`` is ``None`` where Lightning should see the keyword.
+
+    Raises:
+        ConfigError: nothing to evaluate (``validate``/``test``) or no best checkpoint recorded.
+    """
+    dirs = checkpoint_dirs(trainer_cfg)
+    where = ", ".join(str(d) for d in dirs) or "the logger's directory"
+    if keyword == "last":
+        last = find_last_checkpoint(dirs)
+        if last is not None:
+            return str(last), f"[logra] --ckpt_path last: {last}"
+        if subcommand == "fit":
+            return None, ""  # Lightning warns and trains from the start
+        raise ConfigError(
+            f"--ckpt_path last: no last*.ckpt under {where}; run `logra fit` with this config (and "
+            "trainer.enable_checkpointing) first, or give the checkpoint's path"
+        )
+    best = find_best_checkpoint(dirs)
+    if best is None:
+        raise ConfigError(
+            f"--ckpt_path best: no checkpoint under {where} records a best one (a ModelCheckpoint with a monitor); "
+            "add --trainer.callbacks+=model_checkpoint_best to the fit (it keeps the best val/accuracy), or give "
+            "the checkpoint's path"
+        )
+    path, monitor, score = best
+    return str(path), f"[logra] --ckpt_path best: {path} ({monitor}={score:.4g})"

@@ -1,0 +1,42 @@
+"""LogCompletions: sample completions in completions.jsonl, TensorBoard text and the end-of-fit printout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import tiny_budget
+
+from logra_lightning.callbacks import LogCompletions
+from logra_lightning.cli import main
+from logra_lightning.errors import ConfigError
+
+
+def test_completions_reach_the_jsonl_file_tensorboard_and_the_printout(tmp_path, capsys, tiny_policy_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = ["fit", "--config", "arithmetic_tiny_adamw", *tiny_budget(tmp_path)]
+    cli = main([*args, "--trainer.callbacks+=log_completions", "--trainer.callbacks.every_n_steps=1"])
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, LogCompletions)]  # the snippet's, not a default
+    rows = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] * 8 + [1] * 8  # num_rows=8 of each step's 4 x 4 samples
+    assert set(rows[0]) == {"step", "prompt", "completion", "answer", "reward"}
+    assert rows[0]["prompt"] == rows[3]["prompt"] and rows[0]["prompt"].endswith("=")  # a prompt's group together
+    acc = EventAccumulator(cli.trainer.log_dir)
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("completions/text_summary")] == [0, 1]
+    out = capsys.readouterr().out
+    assert "sample completions at RL step 1" in out and out.count("  reward ") == 4
+
+
+def test_logra_fit_logs_completions_by_default(tmp_path, tiny_policy_path):
+    cli = main(["fit", "--config", "arithmetic_tiny_adamw", *tiny_budget(tmp_path)])
+    rows = (Path(cli.trainer.log_dir) / "completions.jsonl").read_text().splitlines()
+    assert len(rows) == 8 and json.loads(rows[0])["step"] == 0  # every 10 steps: step 0 of the 2
+
+
+@pytest.mark.parametrize("kwargs", [{"every_n_steps": 0}, {"num_rows": -1}, {"print_rows": -1}])
+def test_bad_arguments(kwargs):
+    with pytest.raises(ConfigError, match=f"LogCompletions.{next(iter(kwargs))}"):
+        LogCompletions(**kwargs)
