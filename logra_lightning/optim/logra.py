@@ -38,8 +38,9 @@ Choices and departures (numbered, as promised by the house style):
 9. **bf16 storage of bases and first moments** (``basis_dtype``, ``exp_avg_dtype``), fp32 arithmetic;
    the second moment stays fp32 (a ``beta2 = 0.999`` EMA stalls in bf16). Effect on the update:
    ``benchmarks/direction_error.py``.
-10. **Host memory back to the OS** (``release_host_memory=True``): on CPU each sketch hook and the end
-    of ``step()`` call glibc's ``malloc_trim`` (:mod:`~logra_lightning.optim.host_memory`).
+10. **Host memory back to the OS** (``release_host_memory=True``): on CPU the sketch hooks, once every
+    64 MiB of freed gradients, and the end of ``step()`` call glibc's ``malloc_trim``
+    (:mod:`~logra_lightning.optim.host_memory`).
 11. **Low-precision weights** (``bf16-true``): the fp32 update is added with one rounding by
     ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round-to-nearest lost 94.9% of the
     updates at lr 1e-4, so ``"stochastic"`` is the default (``"kahan"``: a 2-byte compensation buffer).
@@ -121,8 +122,8 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             hook (default). ``False``: keep full grads and project in ``step`` (GaLore-style).
         include, exclude: regexes for the automatic split (only with ``rank``).
         seed: base seed of the initial bases and range-sketch test matrices.
-        release_host_memory: with params on the CPU, return freed heap pages to the OS in each
-            sketch hook and at the end of ``step()`` (choice 10).
+        release_host_memory: with params on the CPU, return freed heap pages to the OS from the
+            sketch hooks (every 64 MiB of freed gradients) and at the end of ``step()`` (choice 10).
         bf16_update: how the fp32 update is added to bf16/fp16 weights (choice 11):
             ``"nearest"``, ``"stochastic"`` (bf16 only) or ``"kahan"``. fp32 weights are
             updated in fp32 whatever this says.
@@ -188,6 +189,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         )
         self.sketch_in_backward = bool(sketch_in_backward)
         self.release_host_memory = bool(release_host_memory)
+        self._trimmer = host_memory.Trimmer()
         self.seed = int(seed)
         self.bf16_update = bf16_update
         # bf16/fp16 weight entries whose nonzero update rounded to no change, of all such entries updated
@@ -320,10 +322,11 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
                 "LoGRA: a backward after this step's gradients were completed (by clip_grad_norm_ or "
                 "prepare_update); call optimizer.step() or zero_grad() before the next backward"
             )
+        nbytes = p.grad.numel() * p.grad.element_size()
         self._accumulate(p, p.grad)
         p.grad = None
         if self.release_host_memory and p.device.type == "cpu":
-            host_memory.trim()  # choice 10: the gradient and the layer's freed activations leave the RSS
+            self._trimmer.freed(nbytes)  # choice 10: freed gradients and activations leave the RSS
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop grads and the accumulated sketches, like grads (pending candidate updates are kept)."""
@@ -576,7 +579,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             self._apply(self._step_scale)
         self._step_scale = 1.0
         if self.release_host_memory and any(local(p).device.type == "cpu" for p in self._params()[:1]):
-            host_memory.trim()  # choice 10: this step's sketches and candidates are freed now
+            self._trimmer.flush()  # choice 10: this step's sketches and candidates are freed now
         return loss
 
     def _apply(self, eta: float) -> None:
