@@ -5,7 +5,7 @@ Lightning's default bar counts batches of the current epoch and labels them ``Ep
 ``v_num``. An RL run is bounded by ``max_steps`` and an epoch of prompts means little, so this
 bar reads::
 
-    RL step:  18%|█▊        | 37/200 [00:21<01:33, 1.75step/s, reward=0.620, accuracy=0.620, val=0.578]
+    RL step:  18%|█▊        | 37/200 [00:21<01:33, 1.75step/s, reward=0.620, accuracy=0.620, mfu=0.031, val=0.578]
 
 ``logra fit`` uses it unless the config names another progress bar or sets
 ``trainer.enable_progress_bar: false``.
@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from typing_extensions import override
 
 # Shown names of the progress-bar metrics PolicyGradientModule logs (prog_bar=True); others keep their key.
-SHORT_NAMES = {"reward/mean": "reward", "reward/accuracy": "accuracy", "val/accuracy": "val"}
+SHORT_NAMES = {"reward/mean": "reward", "reward/accuracy": "accuracy", "val/accuracy": "val", "perf/mfu": "mfu"}
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -30,8 +30,8 @@ class StepProgressBar(TQDMProgressBar):
         refresh_rate: update the bar every this many steps.
 
     Logged metrics:
-        None; shows ``reward/mean``, ``reward/accuracy`` and ``val/accuracy`` as ``reward``,
-        ``accuracy`` and ``val`` (and any other ``prog_bar=True`` metric under its own key), and
+        None; shows ``reward/mean``, ``reward/accuracy``, ``perf/mfu`` and ``val/accuracy`` as ``reward``,
+        ``accuracy``, ``mfu`` and ``val`` (and any other ``prog_bar=True`` metric under its own key), and
         drops ``v_num``.
 
     Example::

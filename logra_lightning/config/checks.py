@@ -161,6 +161,7 @@ def check_module_args(hp: Mapping[str, Any]) -> None:
             "the loss corrects for it (truncated importance sampling)"
         )
     count("lr_warmup_steps", 0)
+    check("peak_flops", hp.get("peak_flops") is None or hp["peak_flops"] > 0, "None (measured) or values > 0")
     check("torch_threads", hp["torch_threads"] is None or hp["torch_threads"] >= 1, "None or integers >= 1")
     count("max_consecutive_skips", 0, none_ok=True)
     clip = hp.get("gradient_clip_norm")

@@ -44,7 +44,9 @@ Logged metrics:
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
     ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``rollout/policy_lag``
     (with ``off_policy_steps``: syncs between the sampling weights and the trained ones), ``completion/length_mean``,
-    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``, ``perf/time/<phase>``
+    ``completion/clipped_ratio``, ``perf/step_seconds``, ``perf/tokens_per_second``, ``perf/mfu`` (the training
+    phase's model FLOPs utilization against ``perf/peak_tflops``, :mod:`~logra_lightning.rl.throughput`),
+    ``perf/time/<phase>``
     (seconds of the step in each phase that ran: ``rollout``, ``reference``, ``pi_old``, ``forward_backward``,
     ``optimizer``, which includes KL step control's ``kl/control_seconds``; the weight sync's is ``sync/seconds``),
     ``health/skipped_steps``, ``health/skipped_batches`` (cumulative counts), ``grad/norm`` (with
@@ -73,6 +75,7 @@ from logra_lightning.data.module import record_fields, repeat_fields
 from logra_lightning.errors import ConfigError
 from logra_lightning.kl.probe import KLProbe
 from logra_lightning.models import load_policy, load_tokenizer
+from logra_lightning.models.fsdp import decoder_layers
 from logra_lightning.models.lora import LoRA
 from logra_lightning.optim.clipping import clip_grad_norm_
 from logra_lightning.optim.strategy_check import check_strategy_supported
@@ -86,6 +89,7 @@ from logra_lightning.rl.micro_batches import plan_micro_batches, split_to_count,
 from logra_lightning.rl.offpolicy import OffPolicyQueue, Submitted
 from logra_lightning.rl.phases import announce_phase
 from logra_lightning.rl.samples import ScoredSamples
+from logra_lightning.rl.throughput import ModelDims, measure_peak_flops, training_dtype
 from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
 from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
 
@@ -143,6 +147,14 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         off_policy_steps: ``1``: sample the next batch's rollout while this step trains (one step
             off-policy, :mod:`~logra_lightning.rl.offpolicy`; needs an engine that samples in the
             background, ``VLLMServerEngineSpec``, and ``tis_cap``); ``0``: on-policy.
+        attn_implementation: the policy's attention kernel (HF's ``attn_implementation``: ``"eager"``,
+            ``"sdpa"``, ...; ``None``: the model's default). On CPU under ``bf16-mixed`` with short sequences,
+            ``"eager"`` was faster than ``"sdpa"``, whose bf16 backward is slow (docs/speed.md).
+        compile: ``torch.compile`` each decoder layer (``dynamic=True``: sequence lengths vary per step), which
+            fuses the elementwise work between the matmuls; the first step pays the compilation. One process only.
+        peak_flops: one device's peak FLOP/s in the training dtype, the denominator of ``perf/mfu`` (e.g. a
+            GPU's datasheet figure); ``None``: measured at the first step by a short matmul
+            (:func:`~logra_lightning.rl.throughput.measure_peak_flops`).
 
     Raises:
         ConfigError: an argument out of range (names the key and the allowed range); in
@@ -191,6 +203,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         adapter: LoRA | None = None,
         gradient_clip_norm: float | None = None,
         off_policy_steps: int = 0,
+        peak_flops: float | None = None,
+        attn_implementation: str | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
@@ -222,6 +237,8 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self._sampling_seed = sampling_seed
         self._queue = OffPolicyQueue()  # off_policy_steps=1: the batch sampled ahead
         self._seconds: dict[str, float] = {}  # this step's wall time per phase
+        self._dims: ModelDims | None = None  # the policy's sizes, for perf/mfu
+        self._peak_flops = peak_flops
         self.last_samples: ScoredSamples | None = None  # the latest scored rollout (for the completions callback)
 
     # ------------------------------------------------------------------ setup
@@ -231,6 +248,11 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             return
         if self._trainer is not None:
             check_strategy_supported(self.trainer, self.optimizer_factory)  # before any model is built
+            if self.hparams.compile and self.trainer.world_size > 1:
+                raise ConfigError(
+                    f"model.compile=true is supported on one process only (this run has {self.trainer.world_size}); "
+                    "set model.compile=false"
+                )
         if self.hparams.torch_threads:
             torch.set_num_threads(self.hparams.torch_threads)
         self.model_path = resolve_model(self.model_spec)
@@ -247,6 +269,12 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             self.hparams.max_new_tokens,
         )  # before policy and engine
         self.policy, self.tokenizer = load_policy(self.model_path)
+        if self.hparams.attn_implementation is not None:
+            try:
+                self.policy.set_attn_implementation(self.hparams.attn_implementation)
+            except (ValueError, ImportError) as err:
+                raise ConfigError(f"model.attn_implementation={self.hparams.attn_implementation!r}: {err}") from None
+        self._dims = ModelDims.of(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; Qwen2 has no dropout, but hooks and callbacks look
         self._packed = use_padding_free(
             self.hparams.max_tokens_per_micro_batch, self.hparams.padding_free, self.policy.config
@@ -268,6 +296,9 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         if self.adapter is not None:  # after the engine: an engine with its own copy copies the base model
             self.policy = self.adapter.attach(self.policy)
             self.engine = self.adapter.engine_view(self.engine)
+        if self.hparams.compile:  # last: the layers are compiled as trained (adapter attached), at their first call
+            for layer in decoder_layers(self.policy):
+                layer.compile(dynamic=True)
 
     @override
     def configure_model(self) -> None:
@@ -351,6 +382,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         if traj.tis_weights is not None:
             stats["policy/tis_weight_mean"] = masked_mean(traj.tis_weights, traj.seqs.mask).item()
         self._log_step(stats, rewards, rollout, start, len(prompts))
+        self._log_mfu(traj, len(prompts))
 
     def _trajectory(self, prompt_ids: list[list[int]], rollout: Rollout, rewards: torch.Tensor) -> Trajectory:
         """The step's :class:`~logra_lightning.rl.trajectory.Trajectory`: sequences, advantages, and what stays fixed
@@ -471,6 +503,19 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             prog_bar=True,
             batch_size=batch_size,
         )
+
+    def _log_mfu(self, traj: Trajectory, batch_size: int) -> None:
+        """``perf/mfu``: the training phase's model FLOPs per second over the device's peak (:mod:`.throughput`)."""
+        seconds = self._seconds.get("forward_backward")
+        if not seconds:
+            return
+        if self._peak_flops is None:  # measured once, with the step's threads and precision
+            dtype = training_dtype(self.trainer.precision, next(self.policy.parameters()).dtype)
+            self._peak_flops = measure_peak_flops(dtype, self.device)
+        lengths, completion = traj.seqs.lengths.tolist(), int(traj.seqs.mask.sum())
+        flops = self.hparams.ppo_epochs * self._dims.training_flops(lengths, completion, self.adapter is None)
+        self.log("perf/mfu", flops / seconds / self._peak_flops, prog_bar=True, batch_size=batch_size)
+        self.log("perf/peak_tflops", self._peak_flops / 1e12, batch_size=batch_size)
 
     # ---------------------------------------------- rollout, rewards, logprobs
     def _next_sampling(self) -> SamplingConfig:

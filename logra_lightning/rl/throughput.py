@@ -1,0 +1,99 @@
+"""Model FLOPs utilization (MFU) of the RL step's training phase, against a peak measured on this device.
+
+The training phase (forward and backward over the step's sequences) costs, in model FLOPs:
+
+* ``6 * N * T`` through the decoder's weight matrices: ``N`` weights of the ``nn.Linear`` layers below
+  the LM head, ``T`` tokens (2 FLOPs per weight per token forward, 4 backward);
+* ``6 * V * d * M`` through the LM head, which the chunked head runs at the ``M`` completion tokens
+  only (:mod:`~logra_lightning.rl.lm_head`);
+* ``6 * layers * d_attn * sum(len_i ** 2)`` for causal attention's score and value products
+  (``2 * len**2 * d_attn`` forward per layer, half of a full square, times 3 with backward).
+
+With frozen weights (a LoRA adapter) backward skips their gradients: 4 instead of 6 per weight and
+token. Recomputation under activation checkpointing is not counted (model FLOPs, not hardware FLOPs, as in
+PaLM's MFU). The peak is what this device reaches on one large matmul in the training dtype
+(:func:`measure_peak_flops`, a fraction of a second at start-up); a GPU's datasheet peak can be given
+instead (``PolicyGradientModule(peak_flops=...)``).
+
+Example::
+
+    >>> dims = ModelDims(matmul_params=1_000, head_params=100, layers=2, attention_width=8)
+    >>> dims.training_flops(lengths=[3, 5], completion_tokens=4)  # 6*1000*8 + 6*100*4 + 6*2*8*(9+25)
+    53664
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes that set a causal LM's training FLOPs per token (see the module docstring)."""
+
+    matmul_params: int  # weights of the nn.Linear layers below the LM head
+    head_params: int  # the LM head's weights, V * d
+    layers: int
+    attention_width: int  # query heads * head dim
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelDims:
+        """Read the sizes from an HF causal LM (its ``config`` and its ``nn.Linear`` layers)."""
+        head = model.get_output_embeddings()
+        linear = sum(
+            m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head
+        )
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(linear, head.weight.numel(), cfg.num_hidden_layers, cfg.num_attention_heads * head_dim)
+
+    def training_flops(self, lengths: list[int], completion_tokens: int, weight_grads: bool = True) -> int:
+        """Model FLOPs of one forward and backward over sequences of ``lengths`` tokens.
+
+        ``weight_grads=False``: the weights are frozen (an adapter trains), so backward computes
+        activation gradients only.
+        """
+        per_weight = 6 if weight_grads else 4
+        attention = 6 * self.layers * self.attention_width * sum(n * n for n in lengths)
+        return per_weight * (self.matmul_params * sum(lengths) + self.head_params * completion_tokens) + attention
+
+
+def training_dtype(precision: str | None, param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the step's matmuls run in under Lightning's ``precision`` (``"bf16-mixed"``, ``"32-true"``, ...)."""
+    precision = str(precision or "")
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    if precision.startswith("16"):
+        return torch.float16
+    if precision.startswith(("64", "32")):
+        return torch.float64 if precision.startswith("64") else torch.float32
+    return param_dtype
+
+
+def measure_peak_flops(
+    dtype: torch.dtype, device: torch.device | str = "cpu", size: int = 2048, seconds: float = 0.3
+) -> float:
+    """FLOP/s of the fastest of repeated ``[size, size] @ [size, size]`` matmuls in ``dtype`` on ``device``.
+
+    Runs with the current ``torch.get_num_threads()``, the threads the step will use.
+    """
+    device = torch.device(device)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best, deadline = float("inf"), None
+    for i in range(100):
+        sync()
+        start = time.perf_counter()
+        a @ b
+        sync()
+        elapsed = time.perf_counter() - start
+        if i:  # the first call warms up the kernel choice and the caches
+            best = min(best, elapsed)
+        deadline = deadline or start + seconds
+        if i >= 3 and time.perf_counter() > deadline:
+            break
+    return 2 * size**3 / best
