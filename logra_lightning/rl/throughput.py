@@ -43,9 +43,7 @@ class ModelDims:
     def of(cls, model: torch.nn.Module) -> ModelDims:
         """Read the sizes from an HF causal LM (its ``config`` and its ``nn.Linear`` layers)."""
         head = model.get_output_embeddings()
-        linear = sum(
-            m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head
-        )
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cls(linear, head.weight.numel(), cfg.num_hidden_layers, cfg.num_attention_heads * head_dim)
