@@ -10,12 +10,22 @@ Example::
     said once
     >>> mix_seed(1, 2) == mix_seed(1, 2) != mix_seed(1, 3)
     True
+    >>> class Owner:
+    ...     def hook(self, x):
+    ...         return x + 1
+    >>> owner = Owner(); call = weak_method(owner.hook)
+    >>> call(1)
+    2
+    >>> del owner; call(1) is None  # the object is gone: a no-op
+    True
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,6 +38,22 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def full(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor, detached: all-gathered if ``t`` is a DTensor (FSDP2; a collective), else ``t`` itself."""
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+
+
+def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A bound ``method`` as a callable that does not keep its object alive; a no-op once the object is gone.
+
+    For hooks on tensors: torch does not collect a reference cycle that runs through a tensor's hooks,
+    so an optimizer whose bound method is a hook on a param it holds would live, and keep acting on
+    that param's gradients, for the rest of the process.
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args, **kwargs)
+
+    return call
 
 
 class WarnOnce:

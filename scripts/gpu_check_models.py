@@ -2,7 +2,7 @@
 
 The GPU check needs models of real shapes on machines that reach nothing but the package
 index, so it makes them: the architecture fields of Qwen2.5-0.5B / 1.5B / 7B (the shipped
-``logra_lightning/model_shapes`` JSON where there is one), random weights, and the project's
+``logra_lightning/models/shapes`` JSON where there is one), random weights, and the project's
 character tokenizer with its vocabulary padded with filler tokens to the model's real vocabulary
 size, saved as a normal Hugging Face directory that ``transformers`` and vLLM both load.
 ``dry_shape`` scales a shape down (same architecture: GQA, tied or untied head, biases) for the

@@ -6,6 +6,9 @@ Run: ``.venv/bin/python -m pytest tests/test_clipping.py -q``
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
 
 import lightning as L
 import pytest
@@ -93,6 +96,48 @@ def test_torch_entry_points_are_routed_or_refused():
         torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
     torch.nn.utils.clip_grad_value_(twin.parameters(), 1e-3)  # plain params: torch's value clipping
     assert max(float(q.grad.abs().max()) for q in twin.parameters()) <= 1e-3 * (1 + 1e-6)
+
+
+_NEEDS_WEAK_HOOK = pytest.mark.xfail(
+    strict=True,
+    reason="LoGRA's sketch hooks hold it strongly, and torch does not collect a cycle through a tensor's hooks, "
+    "so no LoGRA is ever collected: optim/logra.py must register them through _util.weak_method (issue 39)",
+)
+
+
+@_NEEDS_WEAK_HOOK
+def test_torch_is_routed_only_while_a_logra_lives():
+    """Routing starts with the first LoGRA built and ends when the last one is collected; the models may live on."""
+    script = textwrap.dedent(
+        """
+        import gc, torch
+        modules, functions = (torch.nn.utils, torch.nn.utils.clip_grad), ("clip_grad_norm_", "clip_grad_value_")
+        names = [(m, n) for m in modules for n in functions]
+        original = [getattr(m, n) for m, n in names]
+        from logra_lightning.optim import LoGRA, logra_param_groups, clipping
+        def torchs():
+            return all(getattr(m, n) is f for (m, n), f in zip(names, original))
+        m1, m2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        print("imported", torchs())
+        a, b = (LoGRA(logra_param_groups(m, rank=2), lr=1e-3) for m in (m1, m2))
+        print("built", clipping.routed(), torch.nn.utils.clip_grad.clip_grad_value_ is clipping.clip_grad_value_)
+        del a; gc.collect()
+        print("one left", clipping.routed())
+        m1(torch.randn(2, 8)).sum().backward()
+        print("its model has gradients again", m1.weight.grad is not None)
+        del b; gc.collect()
+        print("none left", torchs())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "imported True",
+        "built True True",
+        "one left True",
+        "its model has gradients again True",
+        "none left True",
+    ]
 
 
 def test_backward_after_clipping_is_refused():

@@ -140,10 +140,26 @@ def test_microbatches_equal_one_batch():
 
 def test_grads_freed_after_backward():
     model = mlp()
-    LoGRA(logra_param_groups(model, rank=3), lr=1e-3)
+    opt = LoGRA(logra_param_groups(model, rank=3), lr=1e-3)  # noqa: F841 - its hooks act while it lives
     loss_fn(model, *batch(0)).backward()
     for name, p in model.named_parameters():
         assert (p.grad is None) == name.endswith("weight"), name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="LoGRA's sketch hooks hold it strongly and torch never collects a cycle through a tensor's hooks: "
+    "a dropped LoGRA keeps eating its model's gradients until optim/logra.py registers them through "
+    "_util.weak_method (issue 39)",
+)
+def test_a_new_logra_on_the_same_model_trains_it():
+    """A second fit builds a new optimizer on the same module: the dropped one must not take its gradients."""
+    model = mlp()
+    train(model, LoGRA(logra_param_groups(model, rank=3), lr=1e-2), steps=1)
+    opt = LoGRA(logra_param_groups(model, rank=3), lr=1e-2)
+    before = model[0].weight.detach().clone()
+    train(model, opt, steps=2, start=1)
+    assert float((model[0].weight.detach() - before).abs().max()) > 1e-3
 
 
 def test_state_dict_resume_is_bit_exact():

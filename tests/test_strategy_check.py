@@ -6,6 +6,8 @@ Run: ``.venv/bin/python -m pytest tests/test_strategy_check.py -q``
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -63,3 +65,28 @@ def test_other_optimizers_pass_under_fsdp1():
     check_strategy_supported(trainer, torch.optim.AdamW)
     check_strategy_supported(trainer, functools.partial(torch.optim.AdamW, lr=1e-3))
     check_strategy_supported(trainer, None)
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_importing_the_optimizer_does_not_import_lightning():
+    """A plain PyTorch user pays nothing for Lightning; its pieces load on first access."""
+    plain = "from logra_lightning.optim import LoGRA, logra_param_groups, two_phase, keep_out_of_ddp; import sys"
+    assert _run(plain + "; print('lightning' in sys.modules)") == "False"
+    lazy = "from logra_lightning.optim import LoGRADDPStrategy, check_strategy_supported"
+    registry = "from lightning.pytorch.strategies import StrategyRegistry as R"
+    registry += "; print('logra_ddp' in R, 'logra_ddp_spawn' in R)"
+    assert _run(f"{lazy}; {registry}") == "True True"
+
+
+def test_logra_ddp_is_a_strategy_name_when_lightning_came_first():
+    """The documented order (import lightning, then the optimizer) makes "logra_ddp" usable as a name."""
+    code = (
+        "import lightning as L; from logra_lightning.optim import LoGRA; "
+        "print(type(L.Trainer(strategy='logra_ddp', accelerator='cpu', devices=1, logger=False).strategy).__name__)"
+    )
+    assert _run(code).splitlines()[-1] == "LoGRADDPStrategy"

@@ -14,6 +14,7 @@ import copy
 import importlib.util
 import json
 import math
+import os
 import sys
 import types
 from contextlib import contextmanager
@@ -206,15 +207,32 @@ def engine_env(tmp_path_factory):
     """Tiny Qwen2 (4 layers, head dim 64) with tied embeddings, like the small Qwen2.5 models."""
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
-    env = start_engine(
-        build_tiny_model(tmp_path_factory.mktemp("tiny_vllm"), TinyModelConfig(tie_word_embeddings=True))
-    )
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny_vllm"), TinyModelConfig(tie_word_embeddings=True))
+    before = dict(os.environ)
+    env = start_engine(path)
+    env.environ_before, env.environ_after = before, dict(os.environ)
     yield env
     env.engine.close()
 
 
 def _prompts(tok) -> list[list[int]]:
     return [tok.encode(p) for p in PROMPTS]
+
+
+@pytest.mark.vllm
+def test_engine_environment_reaches_its_processes_only(engine_env):
+    """What the engine sets for vLLM's processes is set while they start, then restored here.
+
+    (vLLM itself leaves variables of its own in ``os.environ``, e.g. ``LOCAL_WORLD_SIZE``.)
+    """
+    import psutil
+
+    wanted = {"VLLM_LOGGING_LEVEL": "WARNING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    before, after = engine_env.environ_before, engine_env.environ_after
+    assert {k: after.get(k) for k in wanted} == {k: before.get(k) for k in wanted}
+    wanted = {k: before.get(k, v) for k, v in wanted.items()}
+    children = psutil.Process().children(recursive=True)
+    assert any(wanted.items() <= child.environ().items() for child in children), [c.cmdline() for c in children]
 
 
 @pytest.mark.vllm

@@ -86,6 +86,13 @@ def test_spec_checks_its_options():
             LowRankSender(client=None, backend="nccl")
 
 
+def test_off_policy_ability_is_a_protocol():
+    from logra_lightning.rollout import HFEngine, OffPolicyEngine, VLLMEngine, VLLMServerEngine
+
+    assert issubclass(VLLMServerEngine, OffPolicyEngine)
+    assert not issubclass(HFEngine, OffPolicyEngine) and not issubclass(VLLMEngine, OffPolicyEngine)
+
+
 def test_unreachable_server_is_one_error_naming_the_url():
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServerUnreachable, match=f"no vLLM server answers at {url}.*logra serve --model"):

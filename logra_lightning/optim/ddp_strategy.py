@@ -9,8 +9,9 @@ reduces the dense-group params (norms, biases, anything not low-rank), and LoGRA
 matrices' sketches with one all-reduce per step (mode ``"sketch"``,
 :mod:`~logra_lightning.optim.data_parallel`). Without LoGRA it behaves as ``DDPStrategy``.
 
-Registered names: ``"logra_ddp"`` (like ``"ddp"``: one process per device, launched by re-running
-the script or by ``torchrun``/SLURM) and ``"logra_ddp_spawn"`` (like ``"ddp_spawn"``).
+Names registered with Lightning when this module is imported (``logra_lightning.optim`` imports it
+when Lightning is imported already): ``"logra_ddp"`` (like ``"ddp"``: one process per device,
+launched by re-running the script or by ``torchrun``/SLURM) and ``"logra_ddp_spawn"`` (like ``"ddp_spawn"``).
 ``logra fit --trainer.strategy ddp`` (or ``ddp_spawn``) with LoGRA uses it
 (:func:`logra_strategy`). A plain ``Trainer(strategy="ddp")`` also trains correctly (replicas
 bit-identical): LoGRA then keeps the full gradients for DDP to average and warns once.

@@ -14,12 +14,14 @@ Two entry points share one eligibility rule:
 On an HF causal LM the two select the same set (all 2-D params there are
 Linear or Embedding weights).
 
-Embeddings and ``lm_head`` are low-rank by default. Measured on the ~100M
-Qwen2-shaped benchmark (``benchmarks/optimizer_memory.md``): the 24.6M-param
-tied embedding on dense AdamW costs ~295 MB (fp32 grad + two moments), while
-its rank-64 right sketch costs ~25 MB. Input embeddings are forced to a
-*right* sketch (``S = G @ Q``, ``Q`` is ``[hidden, r]``): rows of tokens absent
-from the batch have zero sketch rows, so, as with Adam, the step only moves
+Embeddings and ``lm_head`` are low-rank by default: they are the largest
+matrices of a small LLM, and dense AdamW keeps 12 bytes per weight for them (fp32
+grad + two moments): ~295 MB for the ``[32000, 768]`` tied embedding of the ~100M
+Qwen2 shape, where its rank-64 right sketch keeps ~12.5 MB (the fp32 sketch
+``[32000, 64]``, a bf16 first moment, a factored second moment; the ``logra`` and
+``logra_dense_embed`` rows of ``benchmarks/optimizer_memory.py`` measure the whole
+difference). Input embeddings are forced to a *right* sketch (``S = G @ Q``, ``Q``
+is ``[hidden, r]``): rows of tokens absent from the batch have zero sketch rows, so, as with Adam, the step only moves
 rows with gradient or momentum; a left sketch would mix rows across the
 vocabulary. Pass ``exclude=("embed_tokens", "lm_head")`` for dense ones. Expert weights get a right
 sketch too (:class:`~logra_lightning.optim.LoGRA`, choice 7): per-expert moments, one

@@ -4,7 +4,14 @@
 first access, so importing this package never imports vLLM (which is optional and slow to import).
 """
 
-from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, RolloutEngine, SamplingConfig
+from logra_lightning.rollout.base import (
+    EngineSpec,
+    LowRankUpdate,
+    OffPolicyEngine,
+    Rollout,
+    RolloutEngine,
+    SamplingConfig,
+)
 from logra_lightning.rollout.hf import HFEngine, HFEngineSpec
 from logra_lightning.rollout.vllm.options import VLLMOptions
 
@@ -20,6 +27,7 @@ __all__ = [
     "HFEngine",
     "HFEngineSpec",
     "LowRankUpdate",
+    "OffPolicyEngine",
     "Rollout",
     "RolloutEngine",
     "SamplingConfig",

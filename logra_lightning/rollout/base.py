@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -92,3 +92,30 @@ class EngineSpec:
     def build(self, model_path: str, policy, tokenizer) -> RolloutEngine:
         """Create the engine for the policy saved at ``model_path`` (already loaded as ``policy``)."""
         raise NotImplementedError
+
+
+@runtime_checkable
+class OffPolicyEngine(Protocol):
+    """An engine that samples while the trainer trains (``off_policy_steps=1``), besides :class:`RolloutEngine`.
+
+    The module submits the next batch's rollout before it trains on the previous one, so the
+    engine must run it in the background and say which weights produced it.
+    :class:`~logra_lightning.rollout.vllm.server.VLLMServerEngine` is one; ``isinstance(engine,
+    OffPolicyEngine)`` tells (it looks the methods up with ``getattr_static`` from Python 3.12 on,
+    so a wrapper that forwards them through ``__getattr__`` does not count: check the engine it wraps).
+
+    Example::
+
+        >>> from logra_lightning.rollout import HFEngine, VLLMServerEngine
+        >>> issubclass(VLLMServerEngine, OffPolicyEngine), issubclass(HFEngine, OffPolicyEngine)
+        (True, False)
+    """
+
+    def submit(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> Any:
+        """Start a rollout and return at once; the handle goes to :meth:`wait`."""
+
+    def wait(self, pending: Any) -> Rollout:
+        """The rollout that :meth:`submit` started (after any recovery the engine does)."""
+
+    def policy_lag(self, rollout: Rollout) -> int | None:
+        """Weight syncs since the weights that sampled ``rollout`` (0: on-policy; ``None``: unknown)."""

@@ -333,7 +333,7 @@ def _moe_fields(cfg: dict) -> dict[str, int]:
 
 
 def shipped_shapes() -> list[str]:
-    """Short names of the shapes in ``logra_lightning/model_shapes`` (``--model qwen2.5-7b``)."""
+    """Short names of the shapes shipped in ``logra_lightning/models/shapes`` (``--model qwen2.5-7b``)."""
     folder = resources.files(__package__)
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 

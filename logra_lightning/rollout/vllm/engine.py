@@ -38,6 +38,11 @@ Choices:
    fast within the noise. After each sync the worker hands its freed heap pages back to the OS
    (``malloc_trim``, :mod:`~logra_lightning.optim.host_memory`), so what glibc keeps of the sync's
    buffers does not add up over a long run.
+6. **Environment for vLLM's processes, only while they start.** ``VLLM_LOGGING_LEVEL=WARNING``
+   unless set (else every weight sync logs a "reset prefix cache" INFO line; set it yourself to
+   see them), ``VLLM_CPU_OMP_THREADS_BIND`` from ``cpu_threads_bind``, and the oneDNN cache of
+   choice 5 are in ``os.environ`` while ``vllm.LLM`` starts its engine processes, which inherit
+   them, and are restored after: this process's environment is left as it was.
 
 Example::
 
@@ -70,15 +75,20 @@ ONEDNN_CACHE_CAPACITY = "64"  # choice 5
 
 
 @contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set ``values`` (those not set already) while vLLM starts its processes, which inherit them."""
-    added = {k: v for k, v in values.items() if k not in os.environ}
-    os.environ.update(added)
+def _environment(overrides: dict[str, str], defaults: dict[str, str]) -> Iterator[None]:
+    """Set ``overrides``, and ``defaults`` where unset, while vLLM starts its processes (they inherit
+    them); put back what was there after, so this process's environment is left as it was."""
+    values = {**{k: v for k, v in defaults.items() if k not in os.environ}, **overrides}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        for k in added:
-            os.environ.pop(k, None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class VLLMEngine:
@@ -127,12 +137,6 @@ class VLLMEngine:
         self.model_path = str(model_path)
         self.chunk_bytes = int(opts.chunk_mb * (1 << 20))
         self.last_sync: dict[str, float] = {}
-        if opts.cpu_threads_bind is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = opts.cpu_threads_bind
-        # The engine processes read this when they start (this process's vLLM logger is already set
-        # up): without it, each weight sync prints an INFO line ("reset prefix cache"). Set
-        # VLLM_LOGGING_LEVEL yourself to see the engine's INFO logs.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm.platforms import current_platform
 
         kwargs: dict[str, Any] = dict(
@@ -152,10 +156,14 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_space_gb * GiB)
         kwargs.update(opts.engine_kwargs)
         self.options = {k: v for k, v in kwargs.items() if k not in ("model", "weight_transfer_config")}
+        # Read by vLLM's processes as they start, so set only while the engine starts (choice 6).
+        overrides = {} if opts.cpu_threads_bind is None else {"VLLM_CPU_OMP_THREADS_BIND": opts.cpu_threads_bind}
+        defaults = {"VLLM_LOGGING_LEVEL": "WARNING"}
+        if current_platform.is_cpu():
+            defaults["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = ONEDNN_CACHE_CAPACITY
         try:
-            spawn_env = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": ONEDNN_CACHE_CAPACITY} if current_platform.is_cpu() else {}
             # quiet: its chat-template warm-up needs the tokenizer we skip
-            with quiet_loggers("vllm.renderers.base"), _environment(spawn_env):
+            with quiet_loggers("vllm.renderers.base"), _environment(overrides, defaults):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise RuntimeError(

@@ -1,9 +1,10 @@
 """What starting a vLLM engine needs besides vLLM: its options (validated once), the import, a log filter.
 
-:class:`VLLMOptions` is the one place the engine's plain options are spelled, typed, defaulted
-and checked: :class:`~logra_lightning.rollout.vllm.VLLMEngineSpec` (a config's ``engine:``
-entry) *is* a ``VLLMOptions``, and :class:`~logra_lightning.rollout.vllm.VLLMEngine` takes one.
-Nothing here imports vLLM, so a bad option fails before vLLM (or training) starts.
+:class:`VLLMOptions` and :class:`VLLMServerOptions` are the one place the plain options of the
+in-process engine and of the ``vllm serve`` engine are spelled, typed, defaulted and checked:
+each spec (a config's ``engine:`` entry, :class:`~logra_lightning.rollout.vllm.VLLMEngineSpec`,
+:class:`~logra_lightning.rollout.vllm.VLLMServerEngineSpec`) *is* one of them, and each engine
+takes one. Nothing here imports vLLM, so a bad option fails before vLLM (or training) starts.
 
 Example::
 
@@ -13,6 +14,10 @@ Example::
     Traceback (most recent call last):
     ...
     ValueError: Invalid chunk_mb: 0 (must be > 0)
+    >>> VLLMServerOptions(url="localhost:8000")
+    Traceback (most recent call last):
+    ...
+    ValueError: Invalid url: 'localhost:8000' (expected http://host:port)
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlparse
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SYNC_MODES = ("auto", "inplace", "reload")
@@ -97,6 +103,64 @@ class VLLMOptions:
     def options(self) -> dict[str, Any]:
         """The options as a plain dict (what the module's prompt-length check reads ``max_model_len`` from)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(VLLMOptions)}
+
+
+@dataclasses.dataclass
+class VLLMServerOptions:
+    """The ``vllm serve`` engine's plain options (everything but the tokenizer and the policy).
+
+    Args:
+        url: the server's base URL (``http://host:port``).
+        connect_timeout_s: how long to wait for the server when the engine is built.
+        restart_timeout_s: how long to wait for a server that stopped answering mid-run.
+        request_timeout_s: longest wait for one HTTP answer.
+        transfer_backend: ``"gloo"``, ``"nccl"`` (the trainer's GPU to the server's), ``"auto"``
+            (NCCL when this process has a GPU).
+        transfer_address: this host's address as the server's workers reach it; ``None``: the
+            address of the route to the server.
+        transfer_port: the port this process listens on for the workers (0: any free one).
+        sync_mode: the workers' sync mode (as :class:`VLLMOptions`).
+        chunk_mb: largest message per ``/update_weights`` call, in MiB.
+        max_concurrency: requests in flight at once (one per prompt).
+        max_model_len: the server's longest prompt + completion, for the module's prompt-length check
+            before the server is reached (``None``: not checked then); the engine reads the server's own.
+
+    Raises:
+        ValueError: an option out of range (the message names it, the value and what is allowed).
+    """
+
+    url: str = "http://127.0.0.1:8000"
+    connect_timeout_s: float = 60.0
+    restart_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    transfer_backend: str = "auto"
+    transfer_address: str | None = None
+    transfer_port: int = 0
+    sync_mode: str = "auto"
+    chunk_mb: float = 256.0
+    max_concurrency: int = 64
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if not urlparse(self.url).scheme.startswith("http") or not urlparse(self.url).hostname:
+            raise ValueError(f"Invalid url: {self.url!r} (expected http://host:port)")
+        for key in ("connect_timeout_s", "restart_timeout_s", "request_timeout_s", "chunk_mb"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"Invalid {key}: {getattr(self, key)} (must be > 0)")
+        if self.transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(
+                f"Invalid transfer_backend: {self.transfer_backend!r} "
+                f"(allowed: {', '.join(map(repr, TRANSFER_BACKENDS))})"
+            )
+        if self.sync_mode not in SYNC_MODES:
+            raise ValueError(f"Invalid sync_mode: {self.sync_mode!r} (allowed: {', '.join(map(repr, SYNC_MODES))})")
+        if not (isinstance(self.max_concurrency, int) and self.max_concurrency >= 1):
+            raise ValueError(f"Invalid max_concurrency: {self.max_concurrency!r} (must be an int >= 1)")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options as a plain dict (what the module's prompt-length check reads ``max_model_len`` from)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(VLLMServerOptions)}
 
 
 def import_vllm():

@@ -45,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import time
@@ -59,7 +60,7 @@ import torch
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.client import ServerClient, ServerError, ServerUnreachable
-from logra_lightning.rollout.vllm.options import SYNC_MODES, TRANSFER_BACKENDS
+from logra_lightning.rollout.vllm.options import VLLMServerOptions
 from logra_lightning.rollout.vllm.plugin import BACKEND
 from logra_lightning.rollout.vllm.sender import LowRankSender, TransferError, describe_unplaced
 from logra_lightning.sync.channel import local_address
@@ -87,23 +88,14 @@ class VLLMServerEngine:
     """Sample from a ``vllm serve`` process; keep it in step with full, low-rank and coefficient-only syncs.
 
     Args:
-        url: the server's base URL (``http://host:port``).
         tokenizer: the policy's tokenizer (EOS, decoding).
         policy: the trainer's model: its names are checked against what the server loads, and a
             recovery (fault 2) sends its current weights.
         model_path: the policy's directory; when the server serves the same path and no one has
             synced it, the first full sync is skipped.
-        connect_timeout_s: how long to wait for the server when the engine is built.
-        restart_timeout_s: how long to wait for a server that stopped answering mid-run.
-        request_timeout_s: longest wait for one HTTP answer.
-        transfer_backend: ``"gloo"``, ``"nccl"`` (the trainer's GPU to the server's), ``"auto"``
-            (NCCL when this process has a GPU).
-        transfer_address: this host's address as the server's workers reach it; ``None``: the
-            address of the route to the server.
-        transfer_port: the port this process listens on for the workers (0: any free one).
-        sync_mode: the workers' sync mode (:class:`~logra_lightning.rollout.vllm.options.VLLMOptions`).
-        chunk_mb: largest message per ``/update_weights`` call.
-        max_concurrency: requests in flight at once (one per prompt).
+        options: the engine's options (:class:`~logra_lightning.rollout.vllm.options.VLLMServerOptions`:
+            ``url``, timeouts, transfer backend, ...); ``None``: the defaults.
+        **overrides: options by name, over ``options`` (``VLLMServerEngine(tok, policy, url="http://host:8000")``).
 
     Raises:
         ServerUnreachable: no server at ``url`` within ``connect_timeout_s``.
@@ -116,38 +108,33 @@ class VLLMServerEngine:
 
     def __init__(
         self,
-        url: str,
         tokenizer,
         policy: torch.nn.Module | None = None,
         *,
         model_path: str | None = None,
-        connect_timeout_s: float = 60.0,
-        restart_timeout_s: float = 600.0,
-        request_timeout_s: float = 600.0,
-        transfer_backend: str = "auto",
-        transfer_address: str | None = None,
-        transfer_port: int = 0,
-        sync_mode: str = "auto",
-        chunk_mb: float = 256.0,
-        max_concurrency: int = 64,
+        options: VLLMServerOptions | None = None,
+        **overrides: Any,
     ) -> None:
+        opts = options or VLLMServerOptions()
+        if overrides:
+            opts = dataclasses.replace(opts, **overrides)  # validated again, with the overrides
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             if torch.distributed.get_world_size() > 1:
                 raise RuntimeError(
                     f"VLLMServerEngine serves one training process, but this run has "
                     f"{torch.distributed.get_world_size()}: use one process (devices=1) with the server engine"
                 )
-        self.url, self.tokenizer, self.policy = url.rstrip("/"), tokenizer, policy
-        self.restart_timeout_s = restart_timeout_s
-        self.client = ServerClient(self.url, request_timeout_s)
-        self.client.wait_until_up(connect_timeout_s)
+        self.url, self.tokenizer, self.policy = opts.url.rstrip("/"), tokenizer, policy
+        self.restart_timeout_s = opts.restart_timeout_s
+        self.client = ServerClient(self.url, opts.request_timeout_s)
+        self.client.wait_until_up(opts.connect_timeout_s)
         config = self._check_server()
         self.max_model_len = config.get("max_model_len")
         self.names = CheckpointNames(policy) if policy is not None else CheckpointNames(torch.nn.Module())
         self.expected = (
             self.names.shapes((n, tuple(p.shape)) for n, p in policy.named_parameters()) if policy is not None else None
         )
-        backend = transfer_backend
+        backend = opts.transfer_backend
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         host = urlparse(self.url).hostname or "127.0.0.1"
@@ -155,12 +142,12 @@ class VLLMServerEngine:
             self.client,
             workers=self.client.world_size(),
             backend=backend,
-            address=transfer_address or local_address(host),
-            port=transfer_port,
-            chunk_bytes=int(chunk_mb * (1 << 20)),
-            timeout_s=request_timeout_s,
+            address=opts.transfer_address or local_address(host),
+            port=opts.transfer_port,
+            chunk_bytes=int(opts.chunk_mb * (1 << 20)),
+            timeout_s=opts.request_timeout_s,
         )
-        self.sync_mode = sync_mode
+        self.sync_mode = opts.sync_mode
         self.session = secrets.token_hex(3)
         self.syncs = 0  # committed syncs: the server's weight version is f"{session}:{syncs}"
         self.sync_epoch = 0  # changes when the server lost what we sent (a restart): bases must be resent
@@ -168,7 +155,7 @@ class VLLMServerEngine:
         self.last_sync: dict[str, float] = {}
         self._lock = threading.RLock()
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="logra-rollout")
-        self._requests = ThreadPoolExecutor(max_concurrency, thread_name_prefix="logra-request")
+        self._requests = ThreadPoolExecutor(opts.max_concurrency, thread_name_prefix="logra-request")
         self.init_info = self._init_transfer()
         served = str(config.get("model", ""))
         if policy is not None and not (self.client.weight_version() == "default" and served == str(model_path)):
@@ -375,10 +362,11 @@ class VLLMServerEngine:
         self.sender.close()
 
 
-class VLLMServerEngineSpec(EngineSpec):
+class VLLMServerEngineSpec(VLLMServerOptions, EngineSpec):
     """Build a :class:`VLLMServerEngine` from plain options (a config's ``engine:`` entry).
 
-    Args: those of :class:`VLLMServerEngine` after ``tokenizer`` and ``policy``.
+    Args: the fields of :class:`~logra_lightning.rollout.vllm.options.VLLMServerOptions` (``url``,
+    ``restart_timeout_s``, ...), the keys of the config's ``init_args``.
 
     Raises:
         ValueError: an option out of range, at construction (before training starts).
@@ -386,61 +374,10 @@ class VLLMServerEngineSpec(EngineSpec):
     Example::
 
         >>> spec = VLLMServerEngineSpec(url="http://127.0.0.1:8000")
-        >>> spec.options
-        {'max_model_len': None}
+        >>> spec.options["max_model_len"] is None  # the server's own is read when the engine connects
+        True
         >>> # In a config: engine: {class_path: logra_lightning.rollout.VLLMServerEngineSpec, init_args: {url: ...}}
     """
 
-    def __init__(
-        self,
-        url: str = "http://127.0.0.1:8000",
-        connect_timeout_s: float = 60.0,
-        restart_timeout_s: float = 600.0,
-        request_timeout_s: float = 600.0,
-        transfer_backend: str = "auto",
-        transfer_address: str | None = None,
-        transfer_port: int = 0,
-        sync_mode: str = "auto",
-        chunk_mb: float = 256.0,
-        max_concurrency: int = 64,
-        max_model_len: int | None = None,
-    ) -> None:
-        if not urlparse(url).scheme.startswith("http") or not urlparse(url).hostname:
-            raise ValueError(f"Invalid url: {url!r} (expected http://host:port)")
-        for key, value in (
-            ("connect_timeout_s", connect_timeout_s),
-            ("restart_timeout_s", restart_timeout_s),
-            ("request_timeout_s", request_timeout_s),
-            ("chunk_mb", chunk_mb),
-        ):
-            if not value > 0:
-                raise ValueError(f"Invalid {key}: {value} (must be > 0)")
-        if transfer_backend not in TRANSFER_BACKENDS:
-            raise ValueError(
-                f"Invalid transfer_backend: {transfer_backend!r} (allowed: {', '.join(map(repr, TRANSFER_BACKENDS))})"
-            )
-        if sync_mode not in SYNC_MODES:
-            raise ValueError(f"Invalid sync_mode: {sync_mode!r} (allowed: {', '.join(map(repr, SYNC_MODES))})")
-        if not (isinstance(max_concurrency, int) and max_concurrency >= 1):
-            raise ValueError(f"Invalid max_concurrency: {max_concurrency!r} (must be an int >= 1)")
-        self.url = url
-        self.kwargs: dict[str, Any] = dict(
-            connect_timeout_s=connect_timeout_s,
-            restart_timeout_s=restart_timeout_s,
-            request_timeout_s=request_timeout_s,
-            transfer_backend=transfer_backend,
-            transfer_address=transfer_address,
-            transfer_port=transfer_port,
-            sync_mode=sync_mode,
-            chunk_mb=chunk_mb,
-            max_concurrency=max_concurrency,
-        )
-        self.max_model_len = max_model_len
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """What the module's prompt-length check reads (``max_model_len``: the server's, if given here)."""
-        return {"max_model_len": self.max_model_len}
-
     def build(self, model_path: str, policy, tokenizer) -> VLLMServerEngine:
-        return VLLMServerEngine(self.url, tokenizer, policy, model_path=model_path, **self.kwargs)
+        return VLLMServerEngine(tokenizer, policy, model_path=model_path, options=self)
