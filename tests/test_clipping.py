@@ -98,14 +98,6 @@ def test_torch_entry_points_are_routed_or_refused():
     assert max(float(q.grad.abs().max()) for q in twin.parameters()) <= 1e-3 * (1 + 1e-6)
 
 
-_NEEDS_WEAK_HOOK = pytest.mark.xfail(
-    strict=True,
-    reason="LoGRA's sketch hooks hold it strongly, and torch does not collect a cycle through a tensor's hooks, "
-    "so no LoGRA is ever collected: optim/logra.py must register them through _util.weak_method (issue 39)",
-)
-
-
-@_NEEDS_WEAK_HOOK
 def test_torch_is_routed_only_while_a_logra_lives():
     """Routing starts with the first LoGRA built and ends when the last one is collected; the models may live on."""
     script = textwrap.dedent(

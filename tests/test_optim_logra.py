@@ -146,12 +146,6 @@ def test_grads_freed_after_backward():
         assert (p.grad is None) == name.endswith("weight"), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LoGRA's sketch hooks hold it strongly and torch never collects a cycle through a tensor's hooks: "
-    "a dropped LoGRA keeps eating its model's gradients until optim/logra.py registers them through "
-    "_util.weak_method (issue 39)",
-)
 def test_a_new_logra_on_the_same_model_trains_it():
     """A second fit builds a new optimizer on the same module: the dropped one must not take its gradients."""
     model = mlp()

@@ -8,7 +8,7 @@ low-rank weight sync (its base :class:`~logra_lightning.optim.candidate.AppliedU
 checkpoints: :class:`~logra_lightning.optim.state_io.Checkpointing`). Tested against
 :class:`LoGRAReference` in ``tests/test_optim_logra.py``; memory in ``benchmarks/optimizer_memory.py``.
 
-Choices and departures (numbered, as promised by the house style):
+Choices and departures:
 
 1. **First basis.** A seeded random orthonormal basis (the identity when ``rank`` equals the
    sketched dimension). Step 0 is a refresh step, so step 1 uses the random basis (still a descent
@@ -42,8 +42,9 @@ Choices and departures (numbered, as promised by the house style):
     64 MiB of freed gradients, and the end of ``step()`` call glibc's ``malloc_trim``
     (:mod:`~logra_lightning.optim.host_memory`).
 11. **Low-precision weights** (``bf16-true``): the fp32 update is added with one rounding by
-    ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round-to-nearest lost 94.9% of the
-    updates at lr 1e-4, so ``"stochastic"`` is the default (``"kahan"``: a 2-byte compensation buffer).
+    ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round to nearest drops every update below
+    half a bf16 ulp of its weight, most of them at RL learning rates (docs/results.md, bf16 weights), so
+    ``"stochastic"`` (unbiased) is the default (``"kahan"``: a 2-byte compensation buffer).
     Under ``bf16-mixed`` the hook and the step run with autocast off. fp16 with a loss scaler
     (``GradScaler``, Lightning's ``16-mixed``) is refused at the first step: the scaler unscales and
     inf-checks ``.grad`` only, so the sketches would keep the loss scale and escape its inf check.
@@ -52,8 +53,8 @@ Choices and departures (numbered, as promised by the house style):
     backward; under plain DDP its full gradient is kept for DDP to average and sketched in the step
     (:mod:`~logra_lightning.optim.data_parallel`). Replicas stay bit-identical either way.
 13. **Clipping** covers what LoGRA holds: the sketches of low-rank matrices and the gradients of the
-    rest (:meth:`LoGRA.clip_grad_norm_`; ``torch.nn.utils.clip_grad_norm_`` and Lightning's
-    ``gradient_clip_val`` are routed to it, :mod:`~logra_lightning.optim.clipping`). A sketch's norm
+    rest (:meth:`LoGRA.clip_grad_norm_`; while a LoGRA lives, ``torch.nn.utils.clip_grad_norm_`` and
+    Lightning's ``gradient_clip_val`` are routed to it, :mod:`~logra_lightning.optim.clipping`). A sketch's norm
     is the norm of the gradient's projection onto the basis, at most the full gradient's norm.
 
 Example::
@@ -78,7 +79,7 @@ from typing import Any
 
 import torch
 
-from logra_lightning._util import WarnOnce, local
+from logra_lightning._util import WarnOnce, local, weak_method
 from logra_lightning.optim import candidate as cand
 from logra_lightning.optim import clipping, host_memory, rounding, state_io
 from logra_lightning.optim import data_parallel as dp
@@ -298,7 +299,8 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             dtypes = [storage_dtype(group[key], key) for key in ("basis_dtype", "exp_avg_dtype")]  # choice 9
             self.state[p] = mat.init_state(sk.mix_seed(self.seed, self._param_index[id(p)]), p.device, *dtypes)
             if self.sketch_in_backward:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._sketch_hook))
+                # weakly: torch never collects a cycle through a tensor's hooks (param -> hook -> LoGRA -> param)
+                self._hooks.append(p.register_post_accumulate_grad_hook(weak_method(self._sketch_hook)))
 
     def row_shard(self, p: torch.Tensor) -> sh.RowShard | None:
         """This rank's rows of low-rank param ``p`` under FSDP2, or ``None`` when ``p`` is whole here (or dense)."""
