@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_cli import tiny_budget
 
 from logra_lightning.cli import main
@@ -36,6 +37,18 @@ def test_csv_logger_resume_last_and_test_best(tmp_path, capsys, tiny_policy_path
     state = torch.load(best_file, weights_only=True)["callbacks"]
     (mc,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint") and v["monitor"] == "val/accuracy"]
     assert mc["best_model_score"] == max(mc["best_k_models"].values())
+
+    # logra export finds last / best the same way, from the fit's --config files
+    configs = ["--config", "arithmetic_tiny_adamw", "--config", str(csv)]
+    newest_last = Path(resumed.trainer.log_dir) / "checkpoints" / "last.ckpt"  # the resumed run's, at step 3
+    for keyword, expected in (("best", best_file), ("last", newest_last)):
+        out = tmp_path / f"export_{keyword}"
+        assert main(["export", "--ckpt_path", keyword, *configs, "--out", str(out)]) == 0
+        assert json.loads((out / "logra_export.json").read_text())["checkpoint"] == str(expected)
+        exported = load_file(out / "model.safetensors")
+        saved = torch.load(expected, weights_only=True)["state_dict"]
+        assert all(torch.equal(v, saved[f"policy.{k}"]) for k, v in exported.items())
+    assert "--ckpt_path best: " in capsys.readouterr().err  # the one line naming what was found
 
 
 def _fake_run(folder: Path, name: str, best: Path | None = None, score: float = 0.5) -> Path:
