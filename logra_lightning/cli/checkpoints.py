@@ -10,7 +10,8 @@ logger (``trainer.logger``, the first)  checkpoint directories searched
 ``TensorBoardLogger``, ``CSVLogger``    ``<save_dir>/<name>/*/checkpoints`` (``name`` default
 and others with ``save_dir``/``name``   ``lightning_logs``)
 ``WandbLogger`` (online or offline)     ``<save_dir or dir or .>/<project>/<run id>/checkpoints``
-``MLFlowLogger`` (local file store)     ``<save_dir or ./mlruns>/<experiment id>/<run id>/checkpoints``
+``MLFlowLogger`` (local file store)     ``<tracking_uri's path or ./mlruns>/<experiment id>/<run id>/checkpoints``
+(another ``tracking_uri``: a server)    ``<default_root_dir>/<experiment id>/<run id>/checkpoints``
 none                                    ``<default_root_dir>/checkpoints``
 ``ModelCheckpoint(dirpath=...)``        that directory
 =====================================  ==========================================================
@@ -34,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import glob
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -83,10 +85,10 @@ def checkpoint_dirs(trainer_cfg: dict[str, Any]) -> list[Path]:
             / "*"
             / "checkpoints"
         ]
-    if kind == "MLFlowLogger":
-        uri = str(args.get("tracking_uri") or "")
-        save_dir = uri.removeprefix("file:") if uri.startswith("file:") else args.get("save_dir") or "./mlruns"
-        return [Path(save_dir) / "*" / "*" / "checkpoints"]
+    if kind == "MLFlowLogger":  # a tracking server or database: Lightning writes under default_root_dir instead
+        uri = str(args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "")
+        uri = uri or f"file:{args.get('save_dir') or './mlruns'}"
+        return [Path(uri.removeprefix("file:") if uri.startswith("file:") else root) / "*" / "*" / "checkpoints"]
     name = args.get("name", "lightning_logs")
     return [Path(args.get("save_dir") or root) / (name or "") / "*" / "checkpoints"]
 
