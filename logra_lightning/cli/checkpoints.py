@@ -190,6 +190,8 @@ def trainer_section(configs: Sequence[str]) -> dict[str, Any]:
     section: dict[str, Any] = {}
     for name in configs:
         path = resolve_config(name)
+        if not Path(path).expanduser().is_file():
+            raise ConfigError(f"--config {name}: no such file (the fit's config: where its runs are)")
         try:
             with open(path, encoding="utf-8") as fh:
                 loaded = yaml.safe_load(fh) or {}
