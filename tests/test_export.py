@@ -200,6 +200,8 @@ def test_export_refuses_a_target_that_holds_other_things(run, tmp_path, make, ma
             r"base model='/nonexistent/base': no such",
         ),
         (["--ckpt_path", "CKPT", "--out", "OUT", "--dtype", "int8"], r"argument --dtype: invalid choice"),
+        (["--ckpt_path", "best", "--out", "OUT"], r"logra export --ckpt_path best: also give the fit's --config"),
+        (["--ckpt_path", "last", "--config", "nope.yaml", "--out", "OUT"], r"--config nope.yaml: no such file"),
     ],
 )
 def test_export_errors_name_the_argument(run, tmp_path, args, match):

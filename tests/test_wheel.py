@@ -1,8 +1,9 @@
 """The user's path from a pip install, outside the repository (slow: builds the wheel and a fresh venv).
 
-A fresh venv gets the built wheel (``pip install --no-index --no-deps``); its dependencies, the real-model
-extra's included, come from this interpreter's site-packages, seen through a folder of links without this
-repository's own (editable) install, so nothing is downloaded and the repository is not importable. Then, in
+A fresh venv gets the built wheel with the real-model extra (``pip install --no-index 'WHEEL[real]'``): pip
+resolves every requirement against this interpreter's site-packages, seen through a folder of links without
+this repository's own (editable) install, so nothing is downloaded, a missing or conflicting requirement fails
+the install, and the repository is not importable. Then, in
 an empty working directory: ``logra configs``, ``logra configs cp``, and 2 steps of ``logra fit`` on the
 copied config with a reward from a file there and a Parquet dataset with extra columns the reward reads.
 """
@@ -59,9 +60,11 @@ def fresh_venv(tmp: Path, wheel: Path) -> Path:
             (deps / entry.name).symlink_to(entry)
     (site,) = (venv / "lib").glob("python3*/site-packages")
     (site / "deps.pth").write_text(f"{deps}\n")
-    # --no-deps: pip's resolver rejects the vLLM CPU build's pins in the linked packages; the requirements are
-    # checked below by importing what the real-model extra names
-    run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)], tmp)
+    # The venv's own setuptools (65.5, from Python 3.11's ensurepip) comes before the linked packages and is older
+    # than torch 2.13's setuptools>=77.0.3: kept, the resolver reports "Cannot install tensorboard==2.21.0 and
+    # torch==2.13.0+cpu" (both depend on setuptools) and --no-index offers no newer one. Removed, the linked one counts
+    run([str(venv / "bin/python"), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], tmp)
+    run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", f"{wheel}[real]"], tmp)
     return venv
 
 
@@ -88,7 +91,7 @@ def test_pip_installed_wheel_runs_the_users_own_task(tmp_path):
         env,
     )
     assert "gguf" in extra and "reasoning-gym" in extra and "datasets" in extra  # the extras the wheel declares
-    run([str(venv / "bin/python"), "-c", "import gguf, reasoning_gym, pyarrow"], work, env)  # [real] is there
+    run([str(venv / "bin/python"), "-c", "import gguf, reasoning_gym, pyarrow"], work, env)  # [real] resolved
 
     listing = run(["logra", "configs"], work, env)
     assert "smollm2_chain_sum" in listing and "memory_monitor" in listing

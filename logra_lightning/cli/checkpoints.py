@@ -10,14 +10,17 @@ logger (``trainer.logger``, the first)  checkpoint directories searched
 ``TensorBoardLogger``, ``CSVLogger``    ``<save_dir>/<name>/*/checkpoints`` (``name`` default
 and others with ``save_dir``/``name``   ``lightning_logs``)
 ``WandbLogger`` (online or offline)     ``<save_dir or dir or .>/<project>/<run id>/checkpoints``
-``MLFlowLogger`` (local file store)     ``<save_dir or ./mlruns>/<experiment id>/<run id>/checkpoints``
+``MLFlowLogger`` (local file store)     ``<tracking_uri's path or ./mlruns>/<experiment id>/<run id>/checkpoints``
+(another ``tracking_uri``: a server)    ``<default_root_dir>/<experiment id>/<run id>/checkpoints``
 none                                    ``<default_root_dir>/checkpoints``
 ``ModelCheckpoint(dirpath=...)``        that directory
 =====================================  ==========================================================
 
 ``last`` is the newest ``last*.ckpt`` there; ``best`` is the ``best_model_path`` that the newest
 checkpoint's ``ModelCheckpoint`` state records (the one with a ``monitor``, e.g. ``val/accuracy``
-with ``mode: max``: ``callbacks/model_checkpoint_best.yaml``).
+with ``mode: max``: ``callbacks/model_checkpoint_best.yaml``). ``logra fit|validate|test`` resolve
+them from their parsed config; ``logra export`` and ``logra generate`` from the fit's ``--config``
+files (:func:`resolve_ckpt_path`).
 
 Example::
 
@@ -32,7 +35,10 @@ Example::
 from __future__ import annotations
 
 import glob
+import os
 import re
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +85,10 @@ def checkpoint_dirs(trainer_cfg: dict[str, Any]) -> list[Path]:
             / "*"
             / "checkpoints"
         ]
-    if kind == "MLFlowLogger":
-        uri = str(args.get("tracking_uri") or "")
-        save_dir = uri.removeprefix("file:") if uri.startswith("file:") else args.get("save_dir") or "./mlruns"
-        return [Path(save_dir) / "*" / "*" / "checkpoints"]
+    if kind == "MLFlowLogger":  # a tracking server or database: Lightning writes under default_root_dir instead
+        uri = str(args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "")
+        uri = uri or f"file:{args.get('save_dir') or './mlruns'}"
+        return [Path(uri.removeprefix("file:") if uri.startswith("file:") else root) / "*" / "*" / "checkpoints"]
     name = args.get("name", "lightning_logs")
     return [Path(args.get("save_dir") or root) / (name or "") / "*" / "checkpoints"]
 
@@ -147,3 +153,67 @@ def resolve_ckpt_keyword(keyword: str, subcommand: str, trainer_cfg: dict[str, A
         )
     path, monitor, score = best
     return str(path), f"[logra] --ckpt_path best: {path} ({monitor}={score:.4g})"
+
+
+def _accepts(class_path: str, names: set[str]) -> set[str]:
+    """The ``names`` that ``class_path``'s constructor takes (none if it cannot be imported)."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return names
+    return names & set(params)
+
+
+def _merge(old: Any, new: Any) -> Any:
+    """``new`` over ``old`` as jsonargparse merges config files: dicts key by key; a ``class_path`` block keeps
+    the earlier ``init_args`` that its (possibly new) class still takes."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    if "class_path" in new and "class_path" in old and new["class_path"] != old["class_path"]:
+        kept = _accepts(str(new["class_path"]), set(old.get("init_args") or {}))
+        old = {**old, "init_args": {k: v for k, v in (old.get("init_args") or {}).items() if k in kept}}
+    return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
+
+
+def trainer_section(configs: Sequence[str]) -> dict[str, Any]:
+    """The ``trainer`` section of config files or shipped config names, merged as ``logra fit`` merges them."""
+    import yaml
+
+    from logra_lightning.cli.shipped import resolve_config
+
+    section: dict[str, Any] = {}
+    for name in configs:
+        path = resolve_config(name)
+        if not Path(path).expanduser().is_file():
+            raise ConfigError(f"--config {name}: no such file (the fit's config: where its runs are)")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                loaded = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"--config {name}: cannot be read ({type(err).__name__}: {err})") from None
+        section = _merge(section, loaded.get("trainer") or {} if isinstance(loaded, dict) else {})
+    return section
+
+
+def resolve_ckpt_path(ckpt_path: str, configs: Sequence[str], command: str) -> str:
+    """``ckpt_path`` itself, or for ``last``/``best`` the checkpoint the runs of ``configs`` (the fit's) left.
+
+    Raises:
+        ConfigError: ``last``/``best`` without ``configs``, or nothing found (:func:`resolve_ckpt_keyword`).
+    """
+    if ckpt_path not in ("last", "best"):
+        return ckpt_path
+    if not configs:
+        raise ConfigError(
+            f"logra {command} --ckpt_path {ckpt_path}: also give the fit's --config (where its runs are), "
+            "or the checkpoint's path"
+        )
+    path, message = resolve_ckpt_keyword(ckpt_path, command, trainer_section(configs))
+    print(message, file=sys.stderr, flush=True)
+    return str(path)

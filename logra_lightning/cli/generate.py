@@ -75,32 +75,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resolve_ckpt(args) -> str:
-    if args.ckpt_path not in ("last", "best"):
-        return args.ckpt_path
-    if not args.config:
-        raise ConfigError(f"--ckpt_path {args.ckpt_path}: also give the fit's --config (where its runs are)")
-    import yaml
-
-    from logra_lightning.cli.checkpoints import resolve_ckpt_keyword
-    from logra_lightning.cli.shipped import resolve
-
-    cfg: dict = {}
-    for path in args.config:  # the trainer sections, the later files winning
-        with open(resolve(path, "configs"), encoding="utf-8") as fh:
-            cfg.update((yaml.safe_load(fh) or {}).get("trainer") or {})
-    path, _ = resolve_ckpt_keyword(args.ckpt_path, "test", cfg)
-    return path
-
-
 def _load(args, work: str):
     from logra_lightning.builtin import resolve_model
     from logra_lightning.models import load_policy
 
     if args.ckpt_path:
+        from logra_lightning.cli.checkpoints import resolve_ckpt_path
         from logra_lightning.io.export import export_checkpoint
 
-        model_dir = str(export_checkpoint(_resolve_ckpt(args), f"{work}/policy"))
+        model_dir = str(export_checkpoint(resolve_ckpt_path(args.ckpt_path, args.config, "generate"), f"{work}/policy"))
     else:
         model_dir = resolve_model(args.model)
     return load_policy(model_dir)

@@ -2,7 +2,7 @@
 
 ``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan``, ``export``, ``serve``,
 ``generate`` and ``configs`` have their own small parsers (:mod:`logra_lightning.plan.cli`,
-:mod:`logra_lightning.io.export`, :mod:`logra_lightning.cli.serve`, :mod:`logra_lightning.cli.generate`,
+:mod:`logra_lightning.cli.export`, :mod:`logra_lightning.cli.serve`, :mod:`logra_lightning.cli.generate`,
 :mod:`logra_lightning.cli.shipped`); the trainer subcommands are
 :class:`~logra_lightning.cli.lightning_cli.LograCLI`.
 
@@ -121,7 +121,7 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
             code = generate.main(argv[1:])
             return code if args is not None else None
         if argv and argv[0] == "export":
-            from logra_lightning.io import export
+            from logra_lightning.cli import export
 
             code = export.main(argv[1:])
             return code if args is not None else None

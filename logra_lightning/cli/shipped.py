@@ -92,7 +92,12 @@ def unknown_name_hint(value: str, kind: str) -> str:
     return f"; `logra configs` lists the shipped {what}"
 
 
-def _resolve_config(value: str) -> str:
+def resolve_config(value: str) -> str:
+    """A ``--config`` value as a path: the file, or the shipped config it names.
+
+    Raises:
+        ConfigError: neither a file nor a shipped name (the close names listed).
+    """
     resolved = resolve(value, "configs")
     missing = not Path(resolved).expanduser().exists()
     if missing and (close_names(value, "configs") or not value.endswith((".yml", ".yaml", "/"))):
@@ -111,8 +116,8 @@ def resolve_argv(argv: list[str]) -> list[str]:
     out = list(argv)
     for i, arg in enumerate(out):
         for flag, fix in (
-            ("--config", _resolve_config),
-            ("-c", _resolve_config),
+            ("--config", resolve_config),
+            ("-c", resolve_config),
             ("--trainer.callbacks+", lambda v: resolve(v, "callbacks")),
         ):
             if arg == flag and i + 1 < len(out):

@@ -1,9 +1,9 @@
 """The trained policy as a plain Hugging Face directory that transformers and vLLM load as it is.
 
-``logra export --ckpt_path CKPT --out DIR`` turns a checkpoint of ``logra fit`` (a Lightning
-``.ckpt`` file, or the distributed-checkpoint directory ``ModelParallelStrategy`` writes under
-FSDP2) into ``DIR`` with ``model.safetensors``, ``config.json``, ``generation_config.json``, the
-tokenizer files and ``logra_export.json`` (where it came from). The callback
+``logra export --ckpt_path CKPT --out DIR`` (:mod:`logra_lightning.cli.export`) turns a checkpoint
+of ``logra fit`` (a Lightning ``.ckpt`` file, or the distributed-checkpoint directory
+``ModelParallelStrategy`` writes under FSDP2) into ``DIR`` with ``model.safetensors``, ``config.json``,
+``generation_config.json``, the tokenizer files and ``logra_export.json`` (where it came from). The callback
 :class:`~logra_lightning.callbacks.ExportPolicy` (``logra fit --export DIR``) writes the same
 directory at the end of fit. Then::
 
@@ -38,13 +38,12 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -251,26 +250,3 @@ def export_checkpoint(
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         }
         return save_export(model, tokenizer, out, provenance)
-
-
-# ---------------------------------------------------------------- command
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one `logra: error:` line, like every other mistake
-        raise ConfigError(f"logra export: {message} (see logra export --help)")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="logra export", description="Write a logra fit checkpoint as a Hugging Face model directory.")
-    p.add_argument("--ckpt_path", required=True, help="a .ckpt file, or a distributed-checkpoint directory (FSDP2)")
-    p.add_argument("--out", required=True, help="directory to write (new, empty, or an earlier export)")
-    p.add_argument("--base_model", default=None, help="the model the run started from (default: from the checkpoint)")
-    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast the weights (default: as trained)")
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    """``logra export ...``; returns 0, raises :class:`~logra_lightning.errors.LograError` on a mistake."""
-    args = parser().parse_args(list(argv))
-    out = export_checkpoint(args.ckpt_path, args.out, args.base_model, args.dtype)
-    print(f"[logra] exported {args.ckpt_path} to {out}\n  serve it: vllm serve {out}", flush=True)
-    return 0
