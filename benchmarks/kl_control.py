@@ -75,7 +75,8 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.quality import QUICK
-from benchmarks.report import Report, clip, command_head, load_text, met, num, pct, table
+from benchmarks.report import Report, clip, command_head, load_text, met, num, pct
+from benchmarks.report import rows_table as table
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
 TARGETS = {

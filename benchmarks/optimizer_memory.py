@@ -94,7 +94,8 @@ from benchmarks.optimizer_rows import (
     make_optimizer,
     tensor_only_state_bytes,
 )
-from benchmarks.report import GB, MB, Report, clip, load_text, num, pct, table
+from benchmarks.report import GB, MB, Report, clip, load_text, num, pct
+from benchmarks.report import rows_table as table
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
 # another job ran (OpenMP threads wait on each other), which made wall times of rows measured

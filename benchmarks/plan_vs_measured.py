@@ -45,7 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import RESULTS, load_average, proc_memory, reset_peak_rss, run_worker, write_result
-from benchmarks.report import MB, Report, clip, load_text, met, num, pct, table
+from benchmarks.report import MB, Report, clip, load_text, met, num, pct
+from benchmarks.report import rows_table as table
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),

@@ -73,7 +73,8 @@ from benchmarks.common import (
     machine_info,
     write_result,
 )
-from benchmarks.report import Report, command_head, num, pct, table
+from benchmarks.report import Report, command_head, num, pct
+from benchmarks.report import rows_table as table
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"

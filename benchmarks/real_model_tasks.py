@@ -67,7 +67,8 @@ from benchmarks.reasoning_tasks import (
     row_args,
     summarize,
 )
-from benchmarks.report import Report, table
+from benchmarks.report import Report
+from benchmarks.report import rows_table as table
 
 MODEL = "builtin:smollm2-135m-instruct"
 WEIGHTS = "SmolLM2-135M-Instruct, the release's Q4_1 GGUF quantization dequantized to fp32"

@@ -61,7 +61,8 @@ from benchmarks.common import (
     run_worker,
     write_result,
 )
-from benchmarks.report import MB, Report, clip, load_text, met, num, table
+from benchmarks.report import MB, Report, clip, load_text, met, num
+from benchmarks.report import rows_table as table
 
 OUT = RESULTS / "real_shapes_memory.json"
 SHAPE = "qwen2.5-0.5b"

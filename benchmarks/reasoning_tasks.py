@@ -39,7 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import CONFIGS, RESULTS, WORK_DIR, load_average, logra_fit, machine_info, write_result
-from benchmarks.report import Report, table
+from benchmarks.report import Report
+from benchmarks.report import rows_table as table
 
 TASKS = ("arithmetic", "countdown", "sorting")
 ROWS = ("adamw", "logra", "lora")
