@@ -196,7 +196,6 @@ def _register_legacy() -> None:
         ("sync_cost", "sync_cost", [], [], ("25m", "400m")),
         ("reasoning_tasks", "reasoning_tasks", [], [], ("arithmetic_lr1e-4_40steps", "memory_random_init")),
         ("real_shapes_memory", "real_shapes_memory", None, None, ()),
-        ("soak", "soak", None, None, ("1100_no_trim", "300_onednn_cache_64", "300_onednn_cache_default")),
         ("real_model_tasks", "real_model_tasks", [], None, ()),
     ):
         if name not in _REGISTRY:
