@@ -151,7 +151,9 @@ def bench(
 
     def register(cls: type) -> type:
         impl = getattr(cls, "_instance", None) or cls()
-        impl.module, impl.name = cls.__module__.rsplit(".", 1)[-1], getattr(impl, "name", name)
+        spec = getattr(sys.modules.get(cls.__module__), "__spec__", None)  # run with -m, __module__ is __main__
+        impl.module = (spec.name if spec else cls.__module__).rsplit(".", 1)[-1]
+        impl.name = getattr(impl, "name", name)
         cls._instance = impl
         _REGISTRY[name] = Entry(name, title, impl, list(quick or []), full, variants)
         return cls

@@ -25,7 +25,7 @@ PY = ".venv/bin/python -m benchmarks."
 
 
 def _command(e, quick: bool) -> str:
-    args = ["--quick", *e.quick] if quick else e.full
+    args = ["--quick", *(e.quick or [])] if quick else e.full
     return " ".join([PY + e.module, *(args or [])])
 
 
