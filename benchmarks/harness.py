@@ -185,13 +185,9 @@ class Legacy(Benchmark):
 
 def _register_legacy() -> None:
     """The scripts still on their own ``main``, their full-run arguments as ``make bench-full`` runs them."""
-    step_time = ["--sizes", "100m", "--rows", "adamw", "logra", "--repeat", "3"]
-    step_time += ["--out", "benchmarks/results/optimizer_step_time.json"]
     quality = ("bf16_kahan", "issue18", "lora_3seeds", "lora_r8", "lora_seeds12", "same_base_seed0")
     quality += tuple(f"lora_lr_sweep_{lr}" for lr in ("3e-4", "1e-3", "3e-3"))
     for name, module, quick, full, variants in (
-        ("optimizer_memory", "optimizer_memory", [], [], ("bf16",)),
-        ("optimizer_step_time", "optimizer_memory", None, step_time, ()),
         ("plan_vs_measured", "plan_vs_measured", [], [], ()),
         ("quality", "quality", [], ["--steps", "100"], quality),
         ("kl_control", "kl_control", [], ["--steps", "100"], ("200_steps",)),

@@ -45,6 +45,7 @@ FORMATS: dict[str, Callable[[Any], str]] = {
     "gb3": lambda x: num(None if x is None else x / GB, ".3f"),
     "load": load_text,
     "g": lambda x: "–" if x is None else f"{x:g}",
+    "x2": lambda x: num(x, ".2f") + ("×" if x is not None else ""),
 }
 
 
@@ -88,22 +89,25 @@ OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
 
 @dataclass(frozen=True)
 class Target:
-    """A declared target: ``label → value (met / missed)``, the value read from a result by ``value``."""
+    """A declared target: ``label → value (met / missed)``, the value a key of a result or a function of it."""
 
     label: str
-    value: Callable[[Any], float | None]
+    value: str | Callable[[Any], float | None]
     op: str
     bound: float
     format: str | Callable[[Any], str] = ".2f"
 
+    def get(self, res: Any) -> float | None:
+        return res.get(self.value) if isinstance(self.value, str) else self.value(res)
+
     def met(self, res: Any) -> bool | None:
-        x = self.value(res)
+        x = self.get(res)
         return None if x is None else OPS[self.op](x, self.bound)
 
     def verdict(self, res: Any) -> str:
         ok = self.met(res)
         verdict = "not measured" if ok is None else met(ok)
-        return f"{self.label} → {fmt(self.value(res), self.format)} ({verdict})"
+        return f"{self.label} → {fmt(self.get(res), self.format)} ({verdict})"
 
 
 def command_head(res: dict, end: bool = True, loads: str = "load") -> str:
