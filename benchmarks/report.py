@@ -40,6 +40,7 @@ FORMATS: dict[str, Callable[[Any], str]] = {
     "": str,
     "pct": pct,
     "pct0": lambda x: pct(x, 0),
+    "pct2": lambda x: pct(x, 2),
     "mb0": lambda x: num(None if x is None else x / MB, ".0f"),
     "mb1": lambda x: num(None if x is None else x / MB, ".1f"),
     "gb3": lambda x: num(None if x is None else x / GB, ".3f"),

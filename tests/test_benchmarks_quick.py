@@ -148,12 +148,12 @@ def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
                 "shape": pvm.QUICK[size],
                 "predicted": pred,
                 "measured": {"default": {"train_peak_bytes": ratio * pred["peak_bytes"]}},
-                "error": {"default": {}},
+                "rel_error": {"default": {}},
             }
         )
     assert pvm.fit_allocator_slack(rows, "1m", run) == pytest.approx(0.2)
-    assert rows[0]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
-    assert rows[1]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
+    assert rows[0]["rel_error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[1]["rel_error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
     assert pvm.fit_allocator_slack(rows, "13m", run) is None
 
 
