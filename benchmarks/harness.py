@@ -185,10 +185,7 @@ class Legacy(Benchmark):
 
 def _register_legacy() -> None:
     """The scripts still on their own ``main``, their full-run arguments as ``make bench-full`` runs them."""
-    quality = ("bf16_kahan", "issue18", "lora_3seeds", "lora_r8", "lora_seeds12", "same_base_seed0")
-    quality += tuple(f"lora_lr_sweep_{lr}" for lr in ("3e-4", "1e-3", "3e-3"))
     for name, module, quick, full, variants in (
-        ("quality", "quality", [], ["--steps", "100"], quality),
         ("kl_control", "kl_control", [], ["--steps", "100"], ("200_steps",)),
         ("sync_cost", "sync_cost", [], [], ("25m", "400m")),
         ("reasoning_tasks", "reasoning_tasks", [], [], ("arithmetic_lr1e-4_40steps", "memory_random_init")),
