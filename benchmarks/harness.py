@@ -186,7 +186,6 @@ class Legacy(Benchmark):
 def _register_legacy() -> None:
     """The scripts still on their own ``main``, their full-run arguments as ``make bench-full`` runs them."""
     for name, module, quick, full, variants in (
-        ("sync_cost", "sync_cost", [], [], ("25m", "400m")),
         ("reasoning_tasks", "reasoning_tasks", [], [], ("arithmetic_lr1e-4_40steps", "memory_random_init")),
         ("real_shapes_memory", "real_shapes_memory", None, None, ()),
         ("real_model_tasks", "real_model_tasks", [], None, ()),
