@@ -187,7 +187,6 @@ def _register_legacy() -> None:
     """The scripts still on their own ``main``, their full-run arguments as ``make bench-full`` runs them."""
     for name, module, quick, full, variants in (
         ("reasoning_tasks", "reasoning_tasks", [], [], ("arithmetic_lr1e-4_40steps", "memory_random_init")),
-        ("real_shapes_memory", "real_shapes_memory", None, None, ()),
         ("real_model_tasks", "real_model_tasks", [], None, ()),
     ):
         if name not in _REGISTRY:
