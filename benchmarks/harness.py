@@ -161,45 +161,10 @@ def bench(
     return register
 
 
-class Legacy(Benchmark):
-    """A script not yet moved onto the harness: its own ``main`` and results shape, read by its ``REPORTS``."""
-
-    def __init__(self, module: str, name: str):
-        self.module, self.name = module, name
-
-    def reports(self) -> dict:
-        return import_module(f"benchmarks.{self.module}").REPORTS
-
-    def section(self, res: dict) -> list[str]:
-        return self.reports()[self.name].section(res)[0]
-
-    def plot(self, res: dict, plt):
-        plot = self.reports()[self.name].plot
-        return plot(res, plt) if plot else None
-
-    def headline(self, results: dict[str, dict]) -> list[str]:
-        reports = self.reports()
-        found = {n: r.section(results[n])[1] for n, r in reports.items() if n in results}
-        return [line for n, r in reports.items() if r.headline and n == self.name for line in r.headline(found)]
-
-
-def _register_legacy() -> None:
-    """The scripts still on their own ``main``, their full-run arguments as ``make bench-full`` runs them."""
-    for name, module, quick, full, variants in (
-        ("reasoning_tasks", "reasoning_tasks", [], [], ("arithmetic_lr1e-4_40steps", "memory_random_init")),
-        ("real_model_tasks", "real_model_tasks", [], None, ()),
-    ):
-        if name not in _REGISTRY:
-            impl = Legacy(module, name)
-            variants = tuple(f"{name}_{v}" for v in variants)
-            _REGISTRY[name] = Entry(name, impl.reports()[name].title, impl, quick, full, variants)
-
-
 def registry() -> dict[str, Entry]:
     """Every registered results name, in README order."""
     for module in MODULES:
         import_module(f"benchmarks.{module}")
-    _register_legacy()
     order = {m: i for i, m in enumerate(MODULES)}
     return dict(sorted(_REGISTRY.items(), key=lambda kv: order[kv[1].module]))
 
@@ -319,8 +284,3 @@ def load(name: str, results: Path = RESULTS) -> dict | None:
 def flat(r: dict) -> dict:
     """A row as one dict: its metrics beside ``name``, ``ok`` and ``error`` (what column specs read)."""
     return {**r["metrics"], "name": r["name"], "ok": r["ok"], "error": r["error"]}
-
-
-def envelope(res: dict) -> dict:
-    """The envelope of a result (a script not yet on the harness keeps it at the top level)."""
-    return res.get("envelope", res)

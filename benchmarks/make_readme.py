@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from benchmarks.common import RESULTS, ROOT
-from benchmarks.harness import QUICK_RESULTS, envelope, load, registry
+from benchmarks.harness import QUICK_RESULTS, load, registry
 from benchmarks.report import num
 
 PY = ".venv/bin/python -m benchmarks."
@@ -53,7 +53,7 @@ def gpu_check_section(results: Path) -> list[str]:
 
 
 def _machine(found: dict) -> list[str]:
-    m = next((envelope(r)["machine"] for r in found.values() if "versions" in envelope(r).get("machine", {})), 0)
+    m = next((r["envelope"]["machine"] for r in found.values() if "versions" in (r["envelope"]["machine"] or {})), 0)
     if not m:
         return []
     return [
@@ -84,7 +84,7 @@ def build(quick: bool, results: Path, readme: Path) -> str:
             body += e.impl.section(found[v]) + _plot(v, results, readme.parent)
     headline = [line for impl in dict.fromkeys(e.impl for e in entries.values()) for line in impl.headline(found)]
     full = {n: e for n, e in entries.items() if e.full is not None}
-    walls = {n: envelope(found[n])["wall_seconds"] for n in full if n in found}
+    walls = {n: found[n]["envelope"]["wall_seconds"] for n in full if n in found}
     where = results.relative_to(ROOT) if results.is_relative_to(ROOT) else results
     head = [
         "# Benchmarks",

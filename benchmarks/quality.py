@@ -381,11 +381,10 @@ class Quality(Benchmark):
             (line,) = ax.plot(steps, mean, marker="o", ms=3, label=f"{row} (n={s['ok_runs']})")
             lo, hi = [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)]
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
-        st = res["settings"]
         ax.set_xlabel("RL step")
         ax.set_ylabel("held-out greedy accuracy (%)")
-        lrs = f"lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g}"
-        ax.set_title(f"Arithmetic RL: mean ± std over seeds {st['seeds']} ({lrs})", fontsize=9)
+        lrs = ", ".join(f"{row} {s['lr']:g}" for row, s in res["summary"].items())
+        ax.set_title(f"Arithmetic RL: mean ± std over seeds (lr {lrs})", fontsize=9)
         ax.legend(fontsize=8)
         return fig
 

@@ -18,7 +18,7 @@ import json
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 MB = 1e6
 GB = 1e9
@@ -116,7 +116,7 @@ def command_head(res: dict, end: bool = True, loads: str = "load") -> str:
 
     A result merged by hand from several runs names them all and gives no single wall time or load.
     """
-    e = res.get("envelope", res)  # scripts not on the harness yet keep the envelope at the top level
+    e = res["envelope"]
     text = f"Command: `{e.get('command') or '`; `'.join(e.get('commands') or [])}`"
     if not isinstance(e.get("wall_seconds"), (int, float)) or not isinstance(e.get("load_start"), dict):
         return text + (f" ({e['note']})." if e.get("note") else ".")
@@ -135,12 +135,3 @@ def clip(text: str, n: int) -> str:
 
 def met(ok: bool) -> str:
     return "met" if ok else "**missed**"
-
-
-class Report(NamedTuple):
-    """How a script not yet on the harness reads its results (see ``harness.Legacy``)."""
-
-    title: str
-    section: Callable[[dict], tuple[list[str], Any]]
-    plot: Callable[[dict, Any], Any] | None = None
-    headline: Callable[[dict], list[str]] | None = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness, kl_control, make_readme, plan_vs_measured, reasoning_tasks
+from benchmarks import harness, kl_control, make_readme, plan_vs_measured, rl_table
 from benchmarks.common import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_harness_writes_the_schema_and_records_failed_rows(tmp_path: Path) -> No
         harness.check(bad)
 
 
-@pytest.mark.parametrize("name", [n for n, e in harness.registry().items() if not isinstance(e.impl, harness.Legacy)])
+@pytest.mark.parametrize("name", list(harness.registry()))
 def test_committed_results_of_a_harness_benchmark_pass_the_schema(name: str) -> None:
     entry = harness.registry()[name]
     files = [f for f in (name, *entry.variants) if (RESULTS / f"{f}.json").is_file()]
@@ -88,8 +88,7 @@ def test_quick_and_full_commands_cover_every_benchmark() -> None:
     from benchmarks import run_all
 
     quick, entries = run_all.commands(quick=True), harness.registry().values()
-    on_harness = {e.module for e in entries if not isinstance(e.impl, harness.Legacy)}
-    assert on_harness <= {harness.registry()[n].module for n in quick}
+    assert {e.module for e in entries} <= {harness.registry()[n].module for n in quick}
     assert all(cmd[3] == "--quick" for cmd in quick.values())
     assert all(harness.registry()[n].full is not None for n in run_all.commands(quick=False))
 
@@ -181,7 +180,7 @@ def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() ->
         {"row": "adamw", "lr": lr, "ok": True, "late_reward": r} for lr, r in ((1e-4, 0.2), (3e-4, 0.5), (1e-3, 0.4))
     ]
     sweep.append({"row": "logra", "lr": 1e-3, "ok": False, "late_reward": None})
-    picked = reasoning_tasks.pick_lrs(sweep)
+    picked = rl_table.pick_lrs(sweep)
     assert picked["adamw"]["lr"] == 3e-4 and picked["logra"]["lr"] is None
 
     def run(task, row, seed, train, acc):
@@ -212,7 +211,7 @@ def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() ->
         run("b", "adamw", 1, 100, 0.5),
         run("b", "logra", 1, 80, 0.7),
     ]
-    got = reasoning_tasks.summarize(runs, ["adamw", "logra"])
+    got = rl_table.summarize(runs, ["adamw", "logra"])
     red = got["per_task"]["a"]["logra"]["train_memory_bytes_reduction_vs_adamw"]
     assert red["mean"] == pytest.approx(0.45) and red["min"] == pytest.approx(0.4)  # seeds: 1-60/100, 1-100/200
     avg = got["average"]["logra"]
