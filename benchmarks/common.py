@@ -89,6 +89,7 @@ def config_defaults(path: str | Path) -> dict[str, Any]:
         "optimizer": opt.get("class_path") if isinstance(opt, dict) else opt,
         "lr": float(init["lr"]) if "lr" in init else None,
         "rank": init.get("rank"),
+        "update_proj_gap": init.get("update_proj_gap"),
         "max_steps": trainer.get("max_steps"),
         "val_check_interval": trainer.get("val_check_interval"),
         "batch_size": data.get("batch_size"),

@@ -8,45 +8,26 @@ then one 60-step demo run alone):
     .venv/bin/python -m benchmarks.kl_control --lr 3e-5 --steps 300 --target-kl 1e-3 --seeds 0 1
     .venv/bin/python -m benchmarks.kl_control --quick          # 4 steps each, 64 held-out prompts (CI)
 
-The issue-4 runs, each a real ``logra fit`` in its own process on the arithmetic RL task:
+The runs, each a real ``logra fit`` on the arithmetic RL task: ``default_lr`` (LoGRA at the demo's
+lr, no control), ``high_lr`` (``--lr-multiplier`` (10) x that lr, no control), ``high_lr_kl_control``
+(the same with the demo's ``KLStepControl``: ``target_kl`` T, ``min_scale``, ``sample_tokens``), one
+torch thread each, ``--jobs`` at a time, on the HF-engine LoGRA config (``--config``: rank,
+``update_proj_gap``, task, budget) with the lr and control settings of the demo config
+(``--demo-config``); and ``demo_overhead``: the demo config as shipped (its control, vLLM engine,
+low-rank sync) for ``--overhead-steps`` steps alone, to time the control. Departures, so that the three
+stability runs are measured alike:
 
-* ``default_lr``: LoGRA at the demo's lr, no control;
-* ``high_lr``: LoGRA at ``--lr-multiplier`` (10) x that lr, no control;
-* ``high_lr_kl_control``: the same with the demo's ``KLStepControl`` (``target_kl`` T,
-  ``min_scale``, ``sample_tokens``);
-* ``demo_overhead``: ``logra fit --config configs/arithmetic_tiny.yaml`` as shipped (its own
-  ``KLStepControl``, vLLM engine, low-rank weight sync) for ``--overhead-steps`` steps, to time
-  the control.
+1. ``measure_every`` is 1 (the demo measures every 5th step), so every step has a realized KL.
+2. The runs "without control" carry ``KLStepControl`` with ``min_scale = max_scale = 1``: it logs
+   ``kl/predicted`` and ``kl/realized`` and leaves the step as the optimizer made it.
 
-Where the settings come from (nothing is hard-coded): the three stability runs use the HF-engine
-LoGRA config (``--config``, default ``configs/arithmetic_tiny_logra.yaml``: rank,
-``update_proj_gap``, task, budget); the default lr and the ``KLStepControl`` arguments come from
-the demo config (``--demo-config``, default ``configs/arithmetic_tiny.yaml``), so the control is
-measured as the demo ships it. Departures, so that all three stability runs are measured the
-same way:
-
-1. ``measure_every`` is 1 (every step; the demo measures every 5th), so every step has a
-   realized KL.
-2. The two runs "without control" carry ``KLStepControl`` with ``min_scale = max_scale = 1``
-   (the step scale is always 1, so the update is the optimizer's own), which logs
-   ``kl/predicted`` and ``kl/realized`` without changing the step beyond the rounding of the
-   probe's ``+eps``/``-eps`` weight perturbation.
-
-The stability runs use one torch thread each (``--model.torch_threads 1``, as ``quality.py``) and
-run ``--jobs`` (2) at a time, so their s/step columns are under that load; the overhead run runs
-alone with the demo's threads. Accuracy is compared per row as the mean over seeds (with min and
-max): "no worse" means the controlled high-lr mean is at least the default-lr mean.
-
-Reported per run: the held-out accuracy curve, the per-step ``kl/realized``, ``kl/predicted``
-(calibrated) and raw prediction, step scale; the share of measured steps with realized KL
-<= 1.5 T (target >= 95% with control); median |log(realized / raw prediction)| (target <= log 1.5);
-median step seconds. Overhead (``demo_overhead``): per step, the callback logs
-``kl/control_seconds`` (wall time it added) next to the module's ``perf/step_seconds`` (which
-includes it); ``overhead_share = median(control) / median(step - control)`` over the steps after
-the first ``--overhead-warmup`` (5; 0 with ``--quick``), target <= 5% (issue 18; it was 15%); the mean
-``overhead_share_mean = mean(control) / mean(step - control)`` counts the measured steps' extra forward
-too. That one is a timing: run it on a quiet machine (the load is recorded with every run). One
-results row per run (``high_lr/seed0``); the summary is :func:`accuracy_summary`.
+Reported per run: the held-out accuracy curve, realized and predicted KL per step, the share of
+measured steps with realized KL <= 1.5 T (target >= 95% with control), median |log(realized / raw
+prediction)| (target <= log 1.5). Accuracy per row is the mean over seeds: "no worse" means the
+controlled high-lr mean is at least the default-lr mean. Overhead: ``overhead_share =
+median(kl/control_seconds) / median(perf/step_seconds - kl/control_seconds)`` after the first
+``--overhead-warmup`` steps, target <= 5% (a timing: run it on a quiet machine). One results row per
+run (``high_lr/seed0``); the summary is :func:`accuracy_summary`.
 """
 
 from __future__ import annotations
@@ -80,18 +61,6 @@ KEEP = (
     "kl/control_seconds",
     "reward/mean",
 )
-
-
-def _yaml(path: str | Path) -> dict:
-    import yaml
-
-    return yaml.safe_load(Path(path).read_text()) or {}
-
-
-def logra_init_args(path: str | Path) -> dict:
-    """``init_args`` of the config's optimizer when it is LoGRA (else empty)."""
-    opt = (_yaml(path).get("model", {}) or {}).get("optimizer", {}) or {}
-    return opt.get("init_args", {}) if "LoGRA" in str(opt.get("class_path", "")) else {}
 
 
 def control_init_args(path: str | Path) -> dict:
@@ -260,8 +229,8 @@ class KLControl(Benchmark):
 
     def settings(self, args) -> dict:
         base, demo = config_defaults(args.config), config_defaults(args.demo_config)
-        logra = logra_init_args(args.config)
-        lr = args.lr or logra_init_args(args.demo_config).get("lr") or logra.get("lr") or base["lr"]
+        logra = [c for c in (demo, base) if "LoGRA" in str(c["optimizer"]) and c["lr"]]
+        lr = args.lr or (logra[0] if logra else base)["lr"]
         demo_control = control_init_args(args.demo_config)
         overrides = {"target_kl": args.target_kl, "min_scale": args.min_scale, "sample_tokens": args.sample_tokens}
         control = {**demo_control, **{k: v for k, v in overrides.items() if v is not None}}
@@ -286,7 +255,7 @@ class KLControl(Benchmark):
             "val_check_interval": min(val_every, steps),
             "seeds": args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2]),
             "jobs": jobs,
-            "logra": {"rank": logra.get("rank", 8), "update_proj_gap": logra.get("update_proj_gap", 50)},
+            "logra": {"rank": base["rank"] or 8, "update_proj_gap": base["update_proj_gap"] or 50},
             "control": control,
             "demo_control": demo_control,
             "overhead_steps": args.overhead_steps or (QUICK["steps"] if args.quick else OVERHEAD["steps"]),

@@ -9,47 +9,29 @@ Run (full: ~25M / ~100M / ~400M Qwen2-shaped models, ~15 min on a quiet machine,
         --out benchmarks/results/optimizer_step_time.json                  # step time, rows interleaved A B A B ...
 
 Model shapes are HF Qwen2 config fields in ``benchmarks/configs/qwen2-<size>.json`` (random
-weights, tied embeddings, fp32, activation checkpointing on, ``use_cache=False``); the step is
-a language-model loss on random tokens (seq 128, batch 4). Each row (size x optimizer, named
-``size/row``) runs in its own process so allocator state and peak RSS of one optimizer cannot
-leak into another. Memory is read from ``/proc/self/status``:
-
-* ``rss_before_model``: VmRSS after imports and data, just before the model is built; the
-  kernel's peak counter is reset there (``echo 5 > /proc/self/clear_refs``).
-* ``train_peak``: the highest VmHWM over model build + every step, minus ``rss_before_model``
-  (the issue-3 "training memory"); no sampling interval can miss a peak.
-* ``steady_peak``: the same with the counter reset again after the warm-up step (optimizer
-  state already allocated): the peak of a typical later step.
-
-Byte counts: ``optimizer_state_bytes`` walks ``optimizer.state`` *including* Python objects
-kept there (GaLore's and APOLLO's projector objects, torchao's tensor subclasses), each storage
-once; ``optimizer_state_bytes_tensors`` is :func:`logra_lightning.optim.accounting.optimizer_state_bytes`
-(plain tensors only), kept to show what a tensor-only walk misses for the peers.
-
-Step time: median wall time of forward + backward + ``optimizer.step()`` over the measured
-steps (the warm-up step, with LoGRA's step-0 refresh and lazy state allocation, is reported
-separately), and the median process CPU time of the same span, which moves less than wall
-time when other jobs share the cores. Ratios are to AdamW of the same size in the same run.
+weights, tied embeddings, fp32, activation checkpointing, ``use_cache=False``); the step is a
+language-model loss on random tokens. Each row (``size/row``) runs in its own process, so allocator
+state and peak RSS of one optimizer cannot leak into another. ``train_peak`` is the highest VmHWM over
+model build and every step minus VmRSS just before the model is built (the kernel's peak counter is
+reset there, so no sampling can miss a peak); ``steady_peak`` resets it again after the warm-up step.
+``optimizer_state_bytes`` walks ``optimizer.state`` including Python objects and tensor-subclass
+internals (GaLore/APOLLO projectors, torchao's 8-bit state). Step time is the median wall and CPU
+time of forward + backward + ``optimizer.step()`` after the warm-up step; ratios are to AdamW of the
+same size in the same run.
 
 Departures from the issue-3 wording:
 
-1. 400M rows are a subset (AdamW, LoGRA, bitsandbytes 8-bit AdamW, floors) with 2 measured
-   steps: one step takes ~40 s there, and the full row set would take an hour.
-2. GaLore and APOLLO project attention/MLP matrices only (their usual setup; embeddings
-   dense), LoGRA also projects the tied embedding (its default, ``logra_dense_embed`` shows
-   the other choice).
-3. On CPU LoGRA calls glibc's ``malloc_trim(0)`` in each gradient hook and at the end of
-   ``step()``, which also returns the pages the model's own forward/backward freed;
-   ``floor_nograd_trim`` is the floor with the same calls, so ``train_peak_vs_floor_nograd_trim``
-   is the ratio without that advantage. ``logra_prev``: LoGRA's storage before issue 18.
-4. bf16 rows (~100M only; each row's ``precision``) cast the model to bf16, or
-   (``adamw_bf16_mixed``) run forward and backward under ``torch.autocast``. This CPU has no bf16
-   matrix instructions, so bf16 step times here say little about a GPU; memory does.
-5. ``lora``: LoRA at LoGRA's rank (PEFT, every attention/MLP matrix, embeddings frozen); its
-   ``param_bytes`` include the frozen base weights and the factors.
-6. Chunked rows (``*_chunked``) compute the same token-mean loss through
-   :func:`logra_lightning.rl.logprobs.token_logprobs` with the chunked LM head, so the logits
-   never exist whole; ``floor_chunked`` is their floor. ``real_shapes_memory`` records them.
+1. 400M rows are a subset with 2 measured steps (one step takes ~40 s there).
+2. GaLore and APOLLO project attention/MLP matrices only (their usual setup), LoGRA also the tied
+   embedding (its default; ``logra_dense_embed`` shows the other choice).
+3. On CPU LoGRA calls glibc's ``malloc_trim(0)`` in each gradient hook and after ``step()``, which
+   also returns pages the model's own backward freed; ``floor_nograd_trim`` is the floor with the
+   same calls. ``logra_prev``: LoGRA's storage before issue 18.
+4. bf16 rows (~100M only) cast the model to bf16, or (``adamw_bf16_mixed``) autocast; this CPU has no
+   bf16 matrix units, so their step times say little about a GPU; memory does.
+5. ``lora``: PEFT LoRA at LoGRA's rank; its ``param_bytes`` include the frozen base.
+6. ``*_chunked`` rows compute the loss through the chunked LM head (the logits never whole);
+   ``floor_chunked`` is their floor. ``real_shapes_memory`` records them.
 """
 
 from __future__ import annotations

@@ -9,46 +9,22 @@ Run (full: the settings of ``configs/``, 8 rows x 3 seeds = 24 ``logra fit`` run
     .venv/bin/python -m benchmarks.quality --rows lora_r16 --seeds 0 --lora-lr 3e-3 --out /tmp/sweep.json  # one lr
 
 Every run is a real ``logra fit --config <AdamW config>`` in its own process with the optimizer
-replaced on the command line, so all rows share the loop, task, reward, batch, group size,
-sampling and evaluation: greedy held-out accuracy before RL, every ``val_check_interval``
-steps, and after the last step (``val/accuracy`` in TensorBoard, ``summary.json``). Rows:
+replaced on the command line, so all rows share the loop, task, reward, batch, group size, sampling
+and evaluation (greedy held-out accuracy before RL, every ``val_check_interval`` steps and after).
+Rows: ``adamw``; ``logra_r{4,8,16,32}`` (:class:`~logra_lightning.optim.LoGRA`, every 2-D param
+low-rank); ``galore_r16`` (``galore_torch.GaLoreAdamW`` on attention/MLP, :mod:`benchmarks.galore_named`);
+``lora_r{16,8}`` (LoRA, ``alpha = 2r``, AdamW on the factors at the LoRA config's lr; r8 is the rank
+whose params + grads + state match LoGRA r16's); with ``--bf16``, weights held at bf16 values with
+each step's update rounded by a rule (:class:`benchmarks.bf16_weights.BF16Weights`):
+``logra_r{R}_bf16w_{nearest,stochastic,kahan}`` and ``adamw_bf16w_nearest``.
 
-* ``adamw``: the config's ``torch.optim.AdamW``;
-* ``logra_r{4,8,16,32}``: :class:`logra_lightning.optim.LoGRA` at that rank (every 2-D
-  param low-rank, the library default), ``update_proj_gap`` from the LoGRA config;
-* ``galore_r16``: ``galore_torch.GaLoreAdamW`` through :mod:`benchmarks.galore_named`
-  (attention/MLP low-rank, ``scale=1``);
-* ``lora_r{16,8}``: LoRA (PEFT, :class:`logra_lightning.models.LoRA`, ``alpha = 2r``, every
-  attention/MLP matrix) with ``torch.optim.AdamW`` on the factors, at the lr of
-  ``configs/arithmetic_tiny_lora.yaml`` (``--lora-lr``; LoRA wants a larger lr than full
-  fine-tuning). r16 is LoGRA r16's rank; r8 is the rank whose params + grads + optimizer state
-  match LoGRA r16's training tensors on this policy (15.7 MB vs 15.5 MB, counted exactly);
-* with ``--bf16`` (issue 18's bf16 row; not in the default set): weights held at bf16 values,
-  each step's update rounded by a rule (:class:`benchmarks.bf16_weights.BF16Weights`; forward in
-  fp32, see there why): ``logra_r{R}_bf16w_{nearest,stochastic,kahan}`` and
-  ``adamw_bf16w_nearest`` (R = the largest of ``--ranks`` that is <= 16). The fp32-master
-  answer is the plain ``adamw`` / ``logra_r{R}`` rows.
-
-Defaults are read, not hard-coded: ``lr``/``max_steps``/``val_check_interval`` from the AdamW
-config (``--config``); the LoGRA rows' ``lr`` and ``update_proj_gap`` from the first LoGRA
-config found (``--logra-config``, else ``configs/arithmetic_tiny_logra.yaml``, else
-``configs/arithmetic_tiny.yaml`` when it selects LoGRA), else the AdamW lr and gap 50.
-GaLore uses the LoGRA rows' lr. ``--lr`` sets every row's lr. Seeds change the model's
-sampling and the prompt order (``seed_everything``, ``data.seed``); the held-out split is fixed.
-One results row per run (``logra_r16/seed0``) with its curves; the summary has per-row mean/std.
-
-Memory: every run carries :class:`~logra_lightning.callbacks.MemoryMonitor` (it only measures).
-Per run: ``peak_rss_bytes``, the whole process's peak resident memory over the training steps (the
-largest ``memory/<phase>/peak_gb``; the in-process HF engine included), and its training-tensor
-part, ``train_tensor_bytes`` = params + the largest live gradients + optimizer state
-(``memory/params_gb`` + ``memory/grads_gb`` + ``memory/optimizer_state_gb``).
-
-Parallel runs: ``--jobs N`` (default 2, 1 with ``--quick``) runs N ``logra fit`` processes at
-once, each pinned to one torch thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` in its environment
-and ``--model.torch_threads 1``, whatever ``--jobs`` is, so the runs compute the same thing
-either way). This benchmark measures accuracy, which does not depend on how many runs share the
-machine; the recorded ``step_seconds_median`` does, so it is only a rough cost figure here
-(``settings.jobs`` says how many ran at once; ``benchmarks/optimizer_memory.py`` measures time).
+Defaults are read from the configs (``--config`` for AdamW, the first LoGRA config for the low-rank
+rows' lr and ``update_proj_gap``); ``--lr`` sets every row's. Seeds change sampling and prompt order;
+the held-out split is fixed. Every run carries :class:`~logra_lightning.callbacks.MemoryMonitor`:
+``peak_rss_bytes`` (the whole process, HF engine included) and ``train_tensor_bytes`` (params + the
+largest live gradients + optimizer state). ``--jobs`` runs go at once, each on one torch thread, so
+s/step is a rough cost figure (``optimizer_memory`` measures time); accuracy does not depend on it.
+One results row per run (``logra_r16/seed0``); the summary has per-row mean/std over seeds.
 """
 
 from __future__ import annotations
@@ -61,6 +37,7 @@ from pathlib import Path
 from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_defaults, logra_fit
 from benchmarks.harness import Benchmark, bench, main
 from benchmarks.report import Col, command_head, num, table
+from benchmarks.rl_table import stats
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
@@ -91,15 +68,6 @@ def find_logra_config(explicit: str | None) -> str | None:
         if path.is_file() and "LoGRA" in str(config_defaults(path)["optimizer"]):
             return str(path)
     return None
-
-
-def _gap(path: str | None) -> int:
-    import yaml
-
-    if path is None:
-        return 50
-    init = (yaml.safe_load(Path(path).read_text()).get("model", {}).get("optimizer", {}) or {}).get("init_args", {})
-    return int(init.get("update_proj_gap", 50))
 
 
 def lora_adapter(rank: int) -> dict:
@@ -151,16 +119,6 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float |
     return rows
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
 def summarize(runs: list[dict]) -> dict[str, dict]:
     """Per row: accuracy after RL (mean/std/min/max over seeds), the mean curve, median step seconds."""
     out: dict[str, dict] = {}
@@ -169,11 +127,11 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
         mine = [r for r in runs if r["row"] == row]
         entry: dict = {"runs": len(mine), "ok_runs": len(ok), "lr": mine[0]["lr"]}
         if ok:
-            entry["accuracy_before"] = _stats([r["accuracy_before"] for r in ok])
-            entry["accuracy_after"] = _stats([r["accuracy_after"] for r in ok])
+            entry["accuracy_before"] = stats([r["accuracy_before"] for r in ok])
+            entry["accuracy_after"] = stats([r["accuracy_after"] for r in ok])
             steps = sorted(set.intersection(*(set(s for s, _ in r["curve"]) for r in ok)))
             entry["curve"] = [
-                [s, *(lambda v: [v["mean"], v["std"]])(_stats([dict(r["curve"])[s] for r in ok]))] for s in steps
+                [s, *(lambda v: [v["mean"], v["std"]])(stats([dict(r["curve"])[s] for r in ok]))] for s in steps
             ]
             entry["step_seconds_median"] = statistics.median(r["step_seconds_median"] for r in ok)
             for key in ("peak_rss_bytes", "train_tensor_bytes", "optimizer_state_bytes", "bf16_lost_share_mean"):
@@ -316,7 +274,7 @@ class Quality(Benchmark):
             raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
         adamw_lr = args.lr or base["lr"]
         logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
-        gap = _gap(logra_cfg)
+        gap = (logra or {}).get("update_proj_gap") or 50
         lora_lr = args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else adamw_lr)
         rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr)
         return {

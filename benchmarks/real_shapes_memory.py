@@ -10,38 +10,26 @@ results file are kept, ``--rows`` picks what to measure now), so every row can r
 
 Rows:
 
-* ``rl/<row>``: one RL-shaped step of a random-init model with Qwen2.5-0.5B's shape
-  (``logra_lightning/models/shapes/qwen2.5-0.5b.json``: vocab 151,936, hidden 896, 24 layers,
-  tied embeddings; built locally, nothing from a hub), fp32, activation checkpointing, 8 sequences
-  of 128 prompt + 896 completion tokens (8 x 1,024 = 8,192 tokens), temperature 1.0. The step is
-  what ``PolicyGradientModule`` runs, through the same functions: ``pi_old`` log-probs without grad
-  (:func:`~logra_lightning.rl.logprobs.sequence_logprobs`), then per micro-batch the log-probs with
-  grad and the entropy (:func:`~logra_lightning.rl.logprobs.token_logprobs`), ``grpo_loss``,
-  backward, and the optimizer step. ``adamw_whole``: ``torch.optim.AdamW`` with the whole logits
-  (``lm_head_chunk_size=None``, the path before issue 28), the whole batch in one micro-batch;
-  ``adamw_chunked`` / ``logra_chunked``: the chunked LM head (512 tokens); ``floor_chunked``: no
-  optimizer, chunked head, every gradient dropped in its hook; ``logra_budget``: LoGRA, chunked
-  head, ``max_tokens_per_micro_batch=4096`` (two packed micro-batches of 4 sequences).
-* ``<size>/<row>``: a row of ``benchmarks/optimizer_memory.py`` (``floor_chunked``,
-  ``logra_chunked``, ``logra``, ``logra_bf16_stochastic``, ``logra_bf16_chunked``, ...) at the
-  ~100M / ~400M shapes, measured by its own worker with its own settings (seq 128, batch 4,
-  rank 64; bf16 rows one measured step after the warm-up, ``--bf16-steps``).
+* ``rl/<row>``: one RL-shaped step of a random-init model with Qwen2.5-0.5B's shape (vocab 151,936,
+  hidden 896, 24 layers, tied; built locally), fp32, activation checkpointing, 8 sequences of 128
+  prompt + 896 completion tokens, through the functions ``PolicyGradientModule`` runs: ``pi_old``
+  log-probs without grad, then per micro-batch log-probs with grad and entropy, ``grpo_loss``,
+  backward, the optimizer step. ``adamw_whole``: AdamW with the whole logits (the path before issue
+  28); ``adamw_chunked`` / ``logra_chunked``: the LM head in 512-token chunks; ``floor_chunked``: no
+  optimizer, every gradient dropped in its hook; ``logra_budget``: ``max_tokens_per_micro_batch=4096``.
+* ``<size>/<row>``: a row of ``optimizer_memory`` (``floor_chunked``, ``logra_bf16_chunked``, ...) at
+  ~100M / ~400M with its own settings (bf16 rows: ``--bf16-steps`` measured steps).
 
-Memory of the ``rl/`` rows is peak RSS (``VmHWM``) minus RSS before the model is built, with glibc
-and MKL set so that RSS follows live tensor bytes (``MALLOC_MMAP_THRESHOLD_=65536``,
-``MKL_DISABLE_FAST_MM=1``, as ``plan_vs_measured.py``'s ``live`` setting): the quantity ``logra plan``
-models (like ``torch.cuda.max_memory_allocated``), compared with its prediction for the same setting
-(one process, fp32, ``--adamw-impl for-loop``, no reserve). The peak is also taken per phase
-(``pi_old``, ``forward_backward``, ``optimizer``). A row that does not fit is not shrunk: the
-worker runs with ``RLIMIT_DATA`` at this machine's available memory (at most 22 GiB of its 24),
-so an allocation past it fails inside the worker, which records the phase and the error beside
-the planner's number, instead of the kernel's OOM killer stopping other jobs.
+The ``rl/`` rows run with glibc and MKL set so that RSS follows live tensor bytes (as
+``plan_vs_measured``'s ``live`` setting), the quantity ``logra plan`` models; its prediction is beside
+each row, and the peak is also taken per phase. A row that does not fit is not shrunk: the worker's
+``RLIMIT_DATA`` is this machine's available memory (at most 22 GiB of 24), so an allocation past it
+fails inside the worker, which records the phase and the error, instead of the OOM killer stopping
+other jobs. ``--quick`` runs ``rl/logra_chunked``, ``rl/floor_chunked`` and ``quick/logra_chunked``
+at a tiny shape (:data:`QUICK_SHAPE`), into ``.cache/bench_quick/``.
 
-``--quick`` runs ``rl/logra_chunked``, ``rl/floor_chunked`` and ``quick/logra_chunked`` at a tiny
-shape (:data:`QUICK_SHAPE`, 64 tokens per sequence), into ``.cache/bench_quick/``.
-
-Departures: the planner's whole-logits head is the issue-19 model (log-softmax without the
-entropy); the RL step here computes the entropy too (epoch 0, as the module), which holds more.
+Departure: the planner's whole-logits head is the issue-19 model (log-softmax without the entropy);
+the RL step here computes the entropy too (epoch 0, as the module), which holds more.
 """
 
 from __future__ import annotations

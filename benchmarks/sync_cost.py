@@ -7,35 +7,22 @@ in its own process; about 12 min on 2 cores):
     .venv/bin/python -m benchmarks.sync_cost --sizes 100m     # one size
     .venv/bin/python -m benchmarks.sync_cost --quick          # the tiny test model, rank 8 (~1 min)
 
-Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings
-included, ``update_proj_gap`` small so that refreshes happen within the run) on random tokens;
-after each step the applied update goes to a real ``VLLMEngine`` (fp32, CPU build here) exactly
-as :class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it
-(:func:`~logra_lightning.sync.wire.wire_updates`): the engine keeps each matrix's basis, so a
-sync carries bases only when the engine lacks the current version (the first sync, the one
-after a refresh) and only coefficients otherwise. This runs three times from a full sync, once
-per wire format:
+Per size, the trainer takes real LoGRA steps (every matrix low-rank, embeddings included, a small
+``update_proj_gap`` so that refreshes happen) on random tokens, and after each step sends the applied
+update to a real ``VLLMEngine`` exactly as :class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync`
+does (:func:`~logra_lightning.sync.wire.wire_updates`): the engine keeps each matrix's basis, so a sync
+carries bases only after a refresh and coefficients otherwise. This runs once per wire format from a
+full sync: ``float32``; ``bfloat16`` with ``match_rounding`` (the trainer applies the rounded update
+too); ``bfloat16_unmatched``. Per sync: bytes handed to the engine, wall seconds (on vLLM's CPU backend
+including the rebuild of every changed module's repacked weights), by kind; bytes per step over a
+refresh period of ``G`` steps for ``G`` in ``GAPS``; the drift (``|engine - trainer|`` logprob of
+sampled tokens) after 1, 2, 4, ... syncs, beside how far the policy moved. Full syncs are timed for
+comparison. One results row per size; ``settings.headline_size`` is the row the headline quotes.
 
-* ``float32``; ``bfloat16`` with ``match_rounding`` (the trainer also applies the rounded
-  update, :func:`~logra_lightning.sync.wire.match_wire_rounding_`); ``bfloat16_unmatched``
-  (the engine gets the rounded update, the trainer keeps its own).
-
-Reported per sync: bytes handed to the engine (tensor payload; ``payload_bytes`` is the message
-buffer, 64-byte aligned), wall seconds (vLLM's weight-transfer calls + the broadcast + the workers
-applying it, which on vLLM's CPU backend includes rebuilding the repacked weights of every changed
-module), split by kind (with
-bases / coefficients only); the average bytes per step over a refresh period of ``G`` steps (one
-sync with bases, ``G - 1`` with coefficients only) for ``G`` in ``GAPS``; and the drift: mean/max
-``|engine - trainer|`` logprob of tokens the engine sampled, after 1, 2, 4, ... syncs, next to how
-far the policy moved in the run. Full syncs are timed for comparison. One results row per size
-(``settings.headline_size``: the row the README headline quotes).
-
-Against the field's lossless sync, in the same run: ``sparse_delta_logra_bf16`` (the sparse bitwise
-bf16 delta of the same LoGRA steps, fp32 pass) and ``sparse_delta_adamw_bf16`` (AdamW from the same
-weights, same learning rate, steps, batches' shape), each with ``bytes_per_step`` (int32 indices +
-bf16 values of the changed bf16 weights; ``benchmarks/sparse_delta.py``), seconds and drift; then
-``coefficient_vs_sparse_adamw`` (LoGRA's bf16 coefficient sync over AdamW's sparse delta, target
-<= ``SPARSE_TARGET``) and ``sparse_delta_lr_sweep`` (a few steps of each at lower learning rates).
+Against the field's lossless sync, in the same run: the sparse bitwise bf16 delta
+(:mod:`benchmarks.sparse_delta`: int32 indices + bf16 values of the changed bf16 weights) of the same
+LoGRA steps and of AdamW's from the same weights, and LoGRA's bf16 coefficient sync over AdamW's
+sparse delta (target <= ``SPARSE_TARGET``), also at lower learning rates (``sparse_delta_lr_sweep``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, reset_peak_rss
 from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter
+from benchmarks.quality import LORA_CONFIG, QUICK, find_logra_config, lora_adapter
 from benchmarks.report import Col, command_head, pct, table
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
@@ -247,7 +247,7 @@ def settings(args) -> dict:
         "lr": lr,
         "logra_lr": args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
         "logra_rank": (logra or {}).get("rank") or 8,
-        "update_proj_gap": _gap(logra_cfg),
+        "update_proj_gap": (logra or {}).get("update_proj_gap") or 50,
         "batch_size": base["batch_size"],
         "group_size": base["group_size"],
         "max_new_tokens": base["max_new_tokens"],
