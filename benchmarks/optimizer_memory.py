@@ -54,7 +54,7 @@ from benchmarks.optimizer_rows import (
     make_optimizer,
     tensor_only_state_bytes,
 )
-from benchmarks.report import GB, Col, Target, command_head, num, pct, table
+from benchmarks.report import GB, Col, Target, bars, command_head, num, pct, table
 
 # One torch thread: on this shared 2-core machine a 2-thread step slowed down up to 20x whenever
 # another job ran (OpenMP threads wait on each other); with one thread a step only loses its share.
@@ -360,33 +360,21 @@ class OptimizerMemory(Benchmark):
         return out
 
     def plot(self, res: dict, plt):
-        """Training memory, optimizer state and step CPU time per row, one bar per size."""
-        rows = [flat(r) for r in res["rows"]]
-        sizes = list(dict.fromkeys(r["name"].split("/")[0] for r in rows))
-        names = list(dict.fromkeys(r["name"].split("/")[1] for r in rows))
-        by = {r["name"]: r for r in rows}
+        """Training memory, optimizer state and step CPU time per row, one bar per size (failed rows: no bar)."""
+        by = {r["name"]: flat(r) for r in res["rows"]}
+        sizes = list(dict.fromkeys(n.split("/")[0] for n in by))
+        names = list(dict.fromkeys(n.split("/")[1] for n in by))
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-        width = 0.8 / max(len(sizes), 1)
-        metrics = [
+        panels = [
             ("train_peak_bytes", "training memory (GB): peak RSS - RSS before model", GB),
             ("optimizer_state_bytes", "optimizer state (GB)", GB),
             ("step_cpu_ratio_vs_adamw", "step CPU time / AdamW's (median)", 1.0),
         ]
-        for ax, (key, title, scale) in zip(axes, metrics):
-            for i, size in enumerate(sizes):
-                got = [by.get(f"{size}/{n}", {}) for n in names]
-                xs = [j + i * width for j in range(len(names))]
-                ax.bar(xs, [(r.get(key) or 0.0) / scale for r in got], width, label=size)
-                for x, r in zip(xs, got):
-                    if r and not r["ok"]:
-                        ax.text(x, 0, "x", ha="center", va="bottom", color="red")
-            ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(names))])
-            ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
-            ax.set_title(title, fontsize=9)
-            if key == "step_cpu_ratio_vs_adamw":
-                ax.axhline(1.15, color="gray", ls="--", lw=0.8)
-        axes[0].legend(title="model")
-        fig.suptitle("Optimizer memory and speed (each row its own process; x = failed row)", fontsize=10)
+        for ax, (key, title, scale) in zip(axes, panels):
+            bars(ax, names, sizes, lambda n, size: (by.get(f"{size}/{n}", {}).get(key) or 0) / scale, title=title)
+            plt.setp(ax.get_xticklabels(), rotation=40, ha="right", fontsize=8)
+        axes[2].axhline(1.15, color="gray", ls="--", lw=0.8)
+        fig.suptitle("Optimizer memory and speed (each row its own process)", fontsize=10)
         return fig
 
     def headline(self, results: dict[str, dict]) -> list[str]:

@@ -42,6 +42,7 @@ from benchmarks.rl_table import (
     config_sha,
     finished,
     pick_lrs,
+    task_bars,
 )
 
 MODEL = "builtin:smollm2-135m-instruct"
@@ -547,39 +548,19 @@ def table_summary(runs: list[dict], rows: list[str], tasks: list[str]) -> dict:
 
 
 def plot(res: dict, plt):
-    """Held-out accuracy before/after RL per task and row, and training memory per row."""
-    per_task = res["summary"]["per_task"]
-    tasks = list(per_task)
-    rows = list(dict.fromkeys(row for t in tasks for row in per_task[t]))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
-    width = 0.8 / max(len(rows), 1)
-    for i, row in enumerate(rows):
-        xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(tasks))]
-        after = [per_task[t].get(row, {}).get("accuracy_after") for t in tasks]
-        axes[0].bar(
-            xs,
-            [100 * v["mean"] if v else 0 for v in after],
-            width,
-            yerr=[100 * v["std"] if v else 0 for v in after],
-            label=f"{row} after RL",
-            color=f"C{i}",
-            capsize=3,
-        )
-        mem = [per_task[t].get(row, {}).get("train_memory_bytes") for t in tasks]
-        axes[1].bar(xs, [v["mean"] / 1e6 if v else 0 for v in mem], width, label=row, color=f"C{i}")
-    before = [100 * per_task[t]["adamw"]["accuracy_before"]["mean"] if "adamw" in per_task[t] else 0 for t in tasks]
-    axes[0].scatter(range(len(tasks)), before, marker="_", s=700, color="k", label="before RL", zorder=3)
-    base = res["summary"].get("base", {})
-    passk = [100 * base[t]["sampled_pass_at"].get(str(base[t]["k"]), 0) if t in base else 0 for t in tasks]
-    axes[0].scatter(range(len(tasks)), passk, marker="x", color="k", label=f"base pass@{res['settings']['pass_k']}")
-    axes[0].set_title("held-out greedy accuracy (%)", fontsize=9)
-    axes[1].set_title("training memory (MB): trainer peak RSS - RSS before the model", fontsize=9)
-    for ax in axes:
-        ax.set_xticks(range(len(tasks)), tasks)
-        ax.legend(fontsize=7)
-    st = res["settings"]
+    """Held-out accuracy after RL (and before, and the base model's pass@k) and training memory per task and row."""
+    st, base = res["settings"], res["summary"].get("base", {})
     ran = sorted({r["metrics"]["seed"] for r in res["rows"] if "/seed" in r["name"] and r["ok"]})
-    fig.suptitle(f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}", fontsize=10)
+    panels = [
+        ("accuracy_after", 100, "held-out greedy accuracy after RL (%)"),
+        ("train_memory_bytes", 1e-6, "training memory (MB): trainer peak RSS - RSS before the model"),
+    ]
+    title = f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}"
+    fig, axes = task_bars(res, plt, panels, title)
+    tasks = list(res["summary"]["per_task"])
+    passk = [100 * base[t]["sampled_pass_at"].get(str(base[t]["k"]), 0) if t in base else 0 for t in tasks]
+    axes[0].scatter(range(len(tasks)), passk, marker="x", color="k", label=f"base pass@{st['pass_k']}")
+    axes[0].legend(fontsize=7)
     return fig
 
 

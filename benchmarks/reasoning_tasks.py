@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.common import CONFIGS
 from benchmarks.harness import bench, main
 from benchmarks.report import Col, table
-from benchmarks.rl_table import COLS, PAPER_REDUCTION, RLTable, command_line, pm, rl_gain
+from benchmarks.rl_table import COLS, PAPER_REDUCTION, RLTable, command_line, pm, rl_gain, task_bars
 
 SWEEP_LRS = {"adamw": [1e-5, 3e-5, 1e-4], "logra": [1e-5, 3e-5, 1e-4], "lora": [1e-4, 3e-4, 1e-3]}
 # Sized to the 2-core machine: a sweep run takes 90-108 s and a main run 175-252 s, about 40 min in all. The lrs
@@ -133,35 +133,14 @@ class ReasoningTasks(RLTable):
 
     def plot(self, res: dict, plt):
         """Trainer peak RSS, training memory and held-out accuracy after RL, per task and row (error bars: std)."""
-        per_task = res["summary"]["per_task"]
-        tasks = list(per_task)
-        rows = list(dict.fromkeys(row for t in tasks for row in per_task[t]))
-        panels = (
+        st = res["settings"]
+        panels = [
             ("peak_rss_bytes", 1e-6, "trainer process peak RSS (MB)"),
             ("train_memory_bytes", 1e-6, "training memory (MB): peak - RSS before the model"),
             ("accuracy_after", 100, "held-out greedy accuracy after RL (%)"),
-        )
-        fig, axes = plt.subplots(1, len(panels), figsize=(15, 4))
-        width = 0.8 / max(len(rows), 1)
-        for i, row in enumerate(rows):
-            xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(tasks))]
-            for ax, (key, scale, _) in zip(axes, panels):
-                vals = [per_task[t].get(row, {}).get(key) for t in tasks]
-                means, stds = (
-                    [scale * v["mean"] if v else 0 for v in vals],
-                    [scale * v["std"] if v else 0 for v in vals],
-                )
-                ax.bar(xs, means, width, yerr=stds, label=row, color=f"C{i}", capsize=3)
-        before = [per_task[t]["adamw"]["accuracy_before"]["mean"] * 100 for t in tasks if "adamw" in per_task[t]]
-        if len(before) == len(tasks):
-            axes[-1].scatter(range(len(tasks)), before, marker="_", s=600, color="k", label="before RL", zorder=3)
-        for ax, (_, _, title) in zip(axes, panels):
-            ax.set_xticks(range(len(tasks)), tasks)
-            ax.set_title(title, fontsize=9)
-            ax.legend(fontsize=8)
-        st = res["settings"]
-        fig.suptitle(f"Reasoning tasks, policy {st['model']}, {st['steps']} RL steps, seeds {st['seeds']}", fontsize=10)
-        return fig
+        ]
+        title = f"Reasoning tasks, policy {st['model']}, {st['steps']} RL steps, seeds {st['seeds']}"
+        return task_bars(res, plt, panels, title)[0]
 
 
 if __name__ == "__main__":

@@ -85,6 +85,19 @@ def table(rows: list[dict], cols: list[Col], failed: Callable[[dict], bool] = la
     return rows_table([c.header for c in cols], cells)
 
 
+def bars(ax, groups: list[str], series: list[str], get: Callable, err: Callable | None = None, title: str = "") -> None:
+    """Grouped bars on a matplotlib ``ax``: per group, one bar per series, ``get(group, series)`` high (``None``: 0),
+    with ``err(group, series)`` error bars."""
+    width = 0.8 / max(len(series), 1)
+    for i, s in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(groups))]
+        yerr = [err(g, s) or 0 for g in groups] if err else None
+        ax.bar(xs, [get(g, s) or 0 for g in groups], width, yerr=yerr, label=s, color=f"C{i}", capsize=3)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
 OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
 
 

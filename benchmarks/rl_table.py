@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from benchmarks.common import WORK_DIR, logra_fit, tb_scalars
 from benchmarks.harness import Benchmark, flat, load, out_path
-from benchmarks.report import Col
+from benchmarks.report import Col, bars
 
 ROWS = ("adamw", "logra", "lora")
 RANK = 16
@@ -163,6 +163,26 @@ def summarize(runs: list[dict], rows: list[str]) -> dict:
 def rl_gain(average_row: dict) -> float:
     """Average held-out accuracy after RL minus before, in points."""
     return 100 * (average_row["accuracy_after"]["mean"] - average_row["accuracy_before"]["mean"])
+
+
+def task_bars(res: dict, plt, panels: list[tuple[str, float, str]], title: str):
+    """One panel per ``(key, scale, title)`` of the per-task stats: per task, a bar per row (mean ± std over seeds);
+    the accuracy panel marks AdamW's accuracy before RL."""
+    per_task = res["summary"]["per_task"]
+    tasks, rows = list(per_task), list(dict.fromkeys(row for t in per_task for row in per_task[t]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (key, scale, name) in zip(axes, panels):
+        stat = lambda t, row, key=key: per_task[t].get(row, {}).get(key)  # noqa: E731
+        mean = lambda t, row: (s := stat(t, row)) and scale * s["mean"]  # noqa: E731
+        bars(ax, tasks, rows, mean, err=lambda t, row: (s := stat(t, row)) and scale * s["std"], title=name)
+        if key == "accuracy_after":
+            before = [
+                100 * per_task[t]["adamw"]["accuracy_before"]["mean"] if "adamw" in per_task[t] else 0 for t in tasks
+            ]
+            ax.scatter(range(len(tasks)), before, marker="_", s=600, color="k", label="before RL", zorder=3)
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return fig, axes
 
 
 # Per-task table columns over ``{"task", "row", **summary["per_task"][task][row]}``.
