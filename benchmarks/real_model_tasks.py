@@ -41,6 +41,7 @@ from benchmarks.rl_table import (
     RLTable,
     config_sha,
     finished,
+    is_missing,
     pick_lrs,
     task_bars,
 )
@@ -440,7 +441,7 @@ class RealModelTasks(RLTable):
             else ""
         )
         tasks = ", ".join(f"`{t}` ([config](../{c}))" for t, c in zip(st["tasks"], st["configs"]))
-        recorded = sum("/seed" in r["name"] and r["error"] != MISSING for r in rows)
+        recorded = sum("/seed" in r["name"] and not is_missing(r) for r in rows)
         out = [
             f"Policy: **{st['weights']}** (`{st['model']}`). Tasks: reasoning-gym {tasks}; the full `logra fit` loop "
             f"with the vLLM engine, {st['steps']} RL steps per run, seeds {st['seeds']}{seeds}, LoGRA/LoRA rank "

@@ -415,13 +415,9 @@ class RLTable(Benchmark):
         return {"name": u.name, "ok": True, "error": None, "metrics": run}
 
     def summarize(self, settings: dict, rows: list[dict]) -> dict:
-        runs = [
-            flat(r)
-            for r in rows
-            if "/seed" in r["name"] and r["error"] != MISSING and not r["name"].startswith("base/")
-        ]
+        runs = [flat(r) for r in rows if "/seed" in r["name"] and not is_missing(r)]  # the table's, not sweep/base
         sweep = [flat(r) for r in rows if r["name"].startswith("sweep/") and r["ok"]]
-        missing = [r["name"] for r in rows if (r["error"] or "").startswith(MISSING)]
+        missing = [r["name"] for r in rows if is_missing(r)]
         rows_run = [row for row in settings["rows"] if row not in settings.get("pending", {})]
         return {
             "sweep": self.pick(sweep),
@@ -430,6 +426,11 @@ class RLTable(Benchmark):
             "missing": missing,
             **summarize(runs, rows_run),
         }
+
+
+def is_missing(row: dict) -> bool:
+    """Whether a results row is a unit not run yet (``--max-runs``, or waiting for the sweep)."""
+    return (row["error"] or "").startswith(MISSING)
 
 
 def finished(path: Path, config: Path, steps: int | None = None) -> dict | None:
