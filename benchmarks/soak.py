@@ -25,22 +25,11 @@ Summary (``benchmarks/results/soak.json``):
 * ``skipped``: steps skipped by the fault policy (target 0); plus the growth before the second
   half and the RSS at a few steps.
 
-What grew, and what holds it now (measured with this script; the runs are in ``benchmarks/results/``):
-
-1. **oneDNN's kernel cache.** vLLM's CPU backend runs each linear layer through a oneDNN matmul whose
-   kernel is JIT-compiled per batch-token count ``M`` (and weight shape) and kept in oneDNN's
-   process-wide primitive cache, 1,024 entries by default at ~0.45 MB each. RL batches (rollouts of
-   varying length, prefix-cache hits, evaluation) keep producing new ``M`` for hundreds of steps: the
-   engine grew 47 MB per 100 steps over 300 steps (``soak_300_onednn_cache_default.json``). A bounded
-   cache, not a leak: it scales with distinct batch sizes times linear shapes, not with steps, syncs or
-   model size. The engine processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` (unless set):
-   ~30 MB, full within ~50 steps (``soak_300_onednn_cache_64.json``).
-2. **Freed heap kept by glibc.** With the cache bounded, the worker still grew 125 MB over 1,100 steps,
-   ever slower (54, 9, 1.1, 1.4, 0.6 MB per 100 steps by stretch; 1.73 MB per 100 over the second half,
-   ``soak_1100_no_trim.json``): each sync's buffers are freed, but glibc keeps the pages. The worker now
-   hands them back after every sync (``malloc_trim``, in the ``"logra"`` backend's
-   ``finish_weight_update``): the second half's slope is 0.22 MB per 100 steps and the engine's whole
-   growth is the bounded cache's ~30 MB in the first 50 steps (``soak.json``).
+Two things grew in the vLLM worker and are now held (docs/results.md has the runs, recorded in
+``soak_300_onednn_cache_{default,64}.json`` and ``soak_1100_no_trim.json``): oneDNN's kernel cache,
+JIT-compiled per batch-token count and bounded by starting the engine with
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64``; and freed heap that glibc kept after each sync, handed back by
+``malloc_trim`` in the ``"logra"`` backend's ``finish_weight_update``.
 """
 
 from __future__ import annotations
