@@ -271,7 +271,7 @@ class RLTable(Benchmark):
 
     def settings(self, args) -> dict:
         mode = self.quick if args.quick else self.full
-        unknown = (set(args.tasks) - {p for p in args.tasks if self.config(p).is_file()}) | (set(args.rows) - set(ROWS))
+        unknown = {t for t in args.tasks if not self.config(t).is_file()} | (set(args.rows) - set(ROWS))
         if unknown or "adamw" not in args.rows:
             raise SystemExit(
                 f"--tasks/--rows: unknown {sorted(unknown)} or no adamw row (the baseline of every reduction)"
@@ -322,10 +322,9 @@ class RLTable(Benchmark):
         budget = [args.max_runs if args.max_runs is not None else math.inf]
         rows = self.extra_units(args, st, work_dir, budget)
         extra = tuple(self.extra(args, st))
-        sweep_extra = extra + (
-            ("--data.train.init_args.test_size", str(self.sweep_test_size)) if self.sweep_test_size else ()
-        )
-        sweep_extra += ("--data.val.init_args.test_size", str(self.sweep_test_size)) if self.sweep_test_size else ()
+        sweep_extra = extra
+        if n := self.sweep_test_size:
+            sweep_extra += ("--data.train.init_args.test_size", str(n), "--data.val.init_args.test_size", str(n))
         if self.sweep_data_seed is not None:
             seed = str(self.sweep_data_seed)
             sweep_extra += ("--data.train.init_args.seed", seed, "--data.val.init_args.seed", seed)
@@ -398,8 +397,7 @@ class RLTable(Benchmark):
             "seed": u.seed,
             "steps": u.steps,
             "config_sha": config_sha(self.config(u.task)),
-            "seconds": res["seconds"],
-            "command": res["command"],
+            **{k: res[k] for k in ("seconds", "load_before", "load_after", "command")},
         }
         if not (res["ok"] and (log_dir / MEMORY_FILE).is_file()):
             error = res.get("error") or f"no {MEMORY_FILE} in {log_dir}"
