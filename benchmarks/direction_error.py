@@ -24,15 +24,12 @@ Results: ``benchmarks/results/direction_error.json``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
 
-from benchmarks.common import RESULTS, load_average, machine_info, shape_config, write_result
+from benchmarks.common import shape_config
+from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.optimizer_memory import RUN, _build_model
-from benchmarks.report import MB, Report, num, table
+from benchmarks.report import MB, Col, table
 
 FP32 = {"second_moment": "full", "basis_dtype": "float32", "exp_avg_dtype": "float32"}
 VARIANTS = {
@@ -145,83 +142,70 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
     }
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="100m")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--gap", type=int, default=5, help="update_proj_gap (refreshes at steps 0, gap, 2 gap, ...)")
-    ap.add_argument("--rank", type=int, default=RUN["full"]["rank"])
-    ap.add_argument("--out", default=str(RESULTS / "direction_error.json"))
-    args = ap.parse_args(argv)
-    started, load_start = time.time(), load_average()
-    out = run(args.size, args.steps, args.gap, args.rank)
-    result = {
-        "command": "python -m benchmarks.direction_error" + " ".join([""] + (argv or sys.argv[1:])),
-        "machine": machine_info(),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "wall_seconds": round(time.time() - started, 1),
-        "settings": {
+@bench(
+    "direction_error",
+    title="Update direction vs. state storage (issue 18)",
+    quick=["--size", "quick", "--steps", "3", "--gap", "2", "--rank", "8"],
+    variants=("direction_error_25m",),
+)
+class DirectionError(Benchmark):
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--size", default="100m")
+        ap.add_argument("--steps", type=int, default=12)
+        ap.add_argument("--gap", type=int, default=5, help="update_proj_gap (refreshes at steps 0, gap, 2 gap, ...)")
+        ap.add_argument("--rank", type=int, default=RUN["full"]["rank"])
+
+    def settings(self, args) -> dict:
+        return {
             "size": args.size,
             "steps": args.steps,
             "update_proj_gap": args.gap,
             "rank": args.rank,
             "seq": RUN["full"]["seq"],
             "batch": RUN["full"]["batch"],
-        },
-        **out,
-    }
-    write_result(Path(args.out), result)
-    return result
+        }
 
+    def run(self, args, st: dict) -> list[dict]:
+        self.out = run(st["size"], st["steps"], st["update_proj_gap"], st["rank"])
+        return [
+            {"name": v, "ok": True, "error": None, "metrics": {"state_bytes": b, "options": self.out["variants"][v]}}
+            for v, b in self.out["state_bytes"].items()
+        ]
 
-def section(res: dict) -> tuple[list[str], dict]:
-    """One row per variant: state bytes, update error vs the reference (layers, embedding), cosine to AdamW."""
-    st = res["settings"]
-    out = [
-        f"Command: `{res['command']}` — ~{st['size']}, rank {st['rank']}, {st['steps']} steps, update_proj_gap "
-        f"{st['update_proj_gap']}; relative Frobenius error of each matrix's update vs the all-fp32 full-V LoGRA "
-        "on the same gradients.",
-        "",
-    ]
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        return {**self.out["summary"], "per_matrix_rel_err": self.out["per_matrix_rel_err"]}
 
-    def last(xs):
-        return xs[-1] if xs else None
+    def section(self, res: dict) -> list[str]:
+        """One row per variant: state bytes, update error vs the reference (layers, embedding), cosine to AdamW."""
+        st, summary = res["settings"], res["summary"]
+        rows = [{**flat(r), **summary[r["name"]]} for r in res["rows"] if r["name"] in summary]
 
-    rows = []
-    for v, s in res["summary"].items():
-        rows.append(
-            [
-                v,
-                f"`{res['variants'][v]}`",
-                num(res["state_bytes"][v] / MB, ".1f"),
-                num(s.get("rel_err_median_all_steps"), ".4f"),
-                num(s.get("rel_err_median_last_step"), ".4f"),
-                num(s.get("rel_err_max_all_steps"), ".3f"),
-                num(last(s.get("embedding_rel_err_per_step")), ".3f"),
-                num(last(s.get("cosine_vs_adamw_median_layers_per_step")), ".3f"),
-                num(last(s.get("cosine_vs_adamw_embedding_per_step")), ".3f"),
-            ]
-        )
-    out += table(
-        [
-            "variant",
-            "options",
-            "state MB",
-            "rel. err median (layers)",
-            "median, last step",
-            "max",
-            "embedding, last step",
-            "cos vs AdamW, layers (median, last)",
-            "cos vs AdamW, embedding (last)",
-        ],
-        rows,
-    ) + [""]
-    return out + [f"Reference state: {res['state_bytes']['reference'] / MB:.1f} MB.", ""], {}
+        def last(key: str):
+            return lambda r: (r.get(key) or [None])[-1]
 
-
-REPORTS = {"direction_error": Report("Update direction vs. state storage (issue 18)", section)}
+        cols = [
+            Col("variant", "name"),
+            Col("options", lambda r: f"`{r['options']}`"),
+            Col("state MB", "state_bytes", "mb1"),
+            Col("rel. err median (layers)", "rel_err_median_all_steps", ".4f"),
+            Col("median, last step", "rel_err_median_last_step", ".4f"),
+            Col("max", "rel_err_max_all_steps", ".3f"),
+            Col("embedding, last step", last("embedding_rel_err_per_step"), ".3f"),
+            Col("cos vs AdamW, layers (median, last)", last("cosine_vs_adamw_median_layers_per_step"), ".3f"),
+            Col("cos vs AdamW, embedding (last)", last("cosine_vs_adamw_embedding_per_step"), ".3f"),
+        ]
+        reference = next(r["metrics"]["state_bytes"] for r in res["rows"] if r["name"] == "reference")
+        return [
+            f"Command: `{res['envelope']['command']}` — ~{st['size']}, rank {st['rank']}, {st['steps']} steps, "
+            f"update_proj_gap {st['update_proj_gap']}; relative Frobenius error of each matrix's update vs the "
+            "all-fp32 full-V LoGRA on the same gradients.",
+            "",
+            *table(rows, cols),
+            "",
+            f"Reference state: {reference / MB:.1f} MB.",
+            "",
+        ]
 
 
 if __name__ == "__main__":
-    main()
+    main(DirectionError)

@@ -27,27 +27,18 @@ Results: ``benchmarks/results/memory_breakdown.json``.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import sys
-import time
 from collections import defaultdict
-from pathlib import Path
 
 from benchmarks.common import (
-    RESULTS,
-    load_average,
-    machine_info,
     proc_memory,
     reset_peak_rss,
-    run_worker,
     shape_config,
-    write_result,
 )
+from benchmarks.harness import Benchmark, bench, main
 from benchmarks.optimizer_memory import RUN, _build_model
 from benchmarks.optimizer_rows import make_optimizer
-from benchmarks.report import MB, Report, command_head, num, pct, table
+from benchmarks.report import MB, Col, command_head, table
 
 ROWS = ["logra", "logra_prev", "floor_nograd"]
 MODES = {"profiled": {}, "rss_default": {}, "rss_live": {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}}
@@ -264,48 +255,56 @@ def worker(name: str, size: str, mode: str, steps: int) -> dict:
     return row
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", nargs="*", default=["100m"])
-    ap.add_argument("--rows", nargs="*", default=ROWS)
-    ap.add_argument("--modes", nargs="*", default=list(MODES))
-    ap.add_argument("--steps", type=int, default=3, help="steps per row (step 0 is LoGRA's refresh step)")
-    ap.add_argument("--out", default=str(RESULTS / "memory_breakdown.json"))
-    ap.add_argument("--worker", nargs=3, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        name, size, mode = args.worker
-        Path(args.worker_out).write_text(json.dumps(worker(name, size, mode, args.steps)))
-        return {}
-    started, load_start = time.time(), load_average()
-    rows = []
-    for size in args.sizes:
-        for name in args.rows:
-            for mode in args.modes:
-                out = RESULTS / f".breakdown_{size}_{name}_{mode}.json"
-                wargs = ["--worker", name, size, mode, "--steps", str(args.steps)]
-                row, err = run_worker(__file__, wargs, out, env=MODES[mode], timeout=3600)
-                row = row or {"name": name, "size": size, "mode": mode, "ok": False, "error": err}
-                rows.append(row)
-                print(
-                    json.dumps({k: row.get(k) for k in ("size", "name", "mode", "train_peak_bytes", "error")}),
-                    flush=True,
-                )
-    summary = _summary(rows)
-    result = {
-        "command": "python -m benchmarks.memory_breakdown" + " ".join([""] + (argv or sys.argv[1:])),
-        "machine": machine_info(),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "wall_seconds": round(time.time() - started, 1),
-        "run": RUN["full"],
-        "allocators": MODES,
-        "summary": summary,
-        "rows": rows,
-    }
-    write_result(Path(args.out), result)
-    return result
+@bench(
+    "memory_breakdown",
+    title="Where LoGRA's training memory goes (per-tensor accounting)",
+    quick=["--sizes", "quick", "--steps", "2"],
+    variants=("memory_breakdown_before_issue18",),
+)
+class MemoryBreakdown(Benchmark):
+    isolate = True  # each (size, row, allocator mode) in a fresh process, under that mode's environment
+
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--sizes", nargs="*", default=["100m"])
+        ap.add_argument("--rows", nargs="*", default=ROWS)
+        ap.add_argument("--modes", nargs="*", default=list(MODES))
+        ap.add_argument("--steps", type=int, default=3, help="steps per row (step 0 is LoGRA's refresh step)")
+
+    def settings(self, args) -> dict:
+        return {**RUN["full"], "steps": args.steps, "allocators": MODES}
+
+    def row_names(self, args, settings: dict) -> list[str]:
+        return [f"{size}/{name}/{mode}" for size in args.sizes for name in args.rows for mode in args.modes]
+
+    def worker_env(self, name: str, settings: dict) -> dict[str, str]:
+        return MODES[name.split("/")[2]]
+
+    def measure(self, name: str, settings: dict) -> dict:
+        size, row, mode = name.split("/")
+        return worker(row, size, mode, settings["steps"])
+
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        return _summary([r["metrics"] for r in rows if r["ok"]])
+
+    def section(self, res: dict) -> list[str]:
+        """Per row: live tensor peak, RSS peak under both allocators, the slack; then the largest live groups."""
+        cols = [
+            Col("row", "name"),
+            Col("live tensor peak MB", lambda s: s.get("peak_live_bytes", 0), "mb0"),
+            Col("RSS peak, mmap allocator MB", lambda s: s.get("rss_live_train_peak_bytes", 0), "mb0"),
+            Col("RSS peak, default MB", lambda s: s.get("rss_default_train_peak_bytes", 0), "mb0"),
+            Col("allocator slack", "allocator_slack", "pct"),
+            Col("state MB", lambda s: s.get("optimizer_state_bytes", 0), "mb1"),
+        ]
+        out = [command_head(res, end=False), "", *table([{"name": k, **s} for k, s in res["summary"].items()], cols)]
+        out.append("")
+        for r in (r["metrics"] for r in res["rows"] if r["ok"]):
+            if r.get("mode") != "profiled" or "live" not in r:
+                continue
+            step = max((k for k in r["live"] if k.startswith("step")), key=lambda k: r["live"][k]["peak_live_bytes"])
+            top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["live"][step]["groups"]["by_group_mb"].items())[:8])
+            out += [f"- `{r['size']}/{r['name']}` live peak at {step}: {top} (MB)."]
+        return out + [""]
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -324,44 +323,5 @@ def _summary(rows: list[dict]) -> dict:
     return out
 
 
-def section(res: dict) -> tuple[list[str], dict]:
-    """Per row: live tensor peak, RSS peak under both allocators, the slack; then the largest live groups."""
-    out = [command_head(res, end=False), ""]
-    rows = []
-    for key, s in res["summary"].items():
-        rows.append(
-            [
-                key,
-                num(s.get("peak_live_bytes", 0) / MB, ".0f"),
-                num(s.get("rss_live_train_peak_bytes", 0) / MB, ".0f"),
-                num(s.get("rss_default_train_peak_bytes", 0) / MB, ".0f"),
-                pct(s.get("allocator_slack")),
-                num(s.get("optimizer_state_bytes", 0) / MB, ".1f"),
-            ]
-        )
-    out += table(
-        [
-            "row",
-            "live tensor peak MB",
-            "RSS peak, mmap allocator MB",
-            "RSS peak, default MB",
-            "allocator slack",
-            "state MB",
-        ],
-        rows,
-    ) + [""]
-    for r in res["rows"]:
-        if r.get("mode") != "profiled" or "live" not in r:
-            continue
-        step = max((k for k in r["live"] if k.startswith("step")), key=lambda k: r["live"][k]["peak_live_bytes"])
-        groups = r["live"][step]["groups"]["by_group_mb"]
-        top = ", ".join(f"{k} {v:.1f}" for k, v in list(groups.items())[:8])
-        out += [f"- `{r['size']}/{r['name']}` live peak at {step}: {top} (MB)."]
-    return out + [""], {}
-
-
-REPORTS = {"memory_breakdown": Report("Where LoGRA's training memory goes (per-tensor accounting)", section)}
-
-
 if __name__ == "__main__":
-    main()
+    main(MemoryBreakdown)

@@ -30,22 +30,20 @@ Compared per row (errors are ``predicted / measured - 1``):
   mean ``measured / predicted - 1`` of the smallest size's rows (``--fit-size``, the fit), so the
   larger sizes are a held-out check of "planner + one allocator constant" (target: within 20%).
 
-Results go to ``benchmarks/results/plan_vs_measured[_quick].json``.
+One results row per size x optimizer x checkpointing (``25m/logra/ckpt_on``), its measurements
+per allocator setting in ``measured`` and their errors in ``rel_error``.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-import os
-import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from benchmarks.common import RESULTS, load_average, proc_memory, reset_peak_rss, run_worker, write_result
-from benchmarks.report import MB, Report, clip, load_text, met, num, pct, table
+from benchmarks.common import proc_memory, reset_peak_rss
+from benchmarks.harness import Benchmark, bench, flat, main
+from benchmarks.report import Col, Target, command_head, pct, table
 
 FULL = {
     "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
@@ -234,7 +232,7 @@ def compare(pred: dict, meas: dict) -> dict:
 def fit_allocator_slack(rows: list[dict], fit_size: str, run: dict) -> float | None:
     """Fit ``allocator_slack`` on ``fit_size``'s default-allocator rows and score every row with it.
 
-    Adds ``error["default"]["peak_with_fitted_slack"]`` (and the prediction) to each row measured
+    Adds ``rel_error["default"]["peak_with_fitted_slack"]`` (and the prediction) to each row measured
     with the default allocators; returns the slack, or None when no ``fit_size`` row has one.
     """
     fit = [
@@ -249,223 +247,171 @@ def fit_allocator_slack(rows: list[dict], fit_size: str, run: dict) -> float | N
         if "default" in r["measured"]:
             pred = predict(r["shape"], run, r["optimizer"], r["activation_checkpointing"], allocator_slack=slack)
             r["predicted_with_fitted_slack"] = {"peak_bytes": pred["peak_bytes"], "peak_phase": pred["peak_phase"]}
-            r["error"]["default"]["peak_with_fitted_slack"] = (
+            r["rel_error"]["default"]["peak_with_fitted_slack"] = (
                 pred["peak_bytes"] / r["measured"]["default"]["train_peak_bytes"] - 1
             )
     return slack
 
 
-def _run_worker(size: str, opt_name: str, ckpt: bool, malloc: str, quick: bool) -> tuple[dict | None, str]:
-    out = RESULTS / f".plan_worker_{size}_{opt_name}_{int(ckpt)}_{malloc}.json"
-    args = ["--worker", size, opt_name, str(int(ckpt))] + (["--quick"] if quick else [])
-    return run_worker(__file__, args, out, env=MALLOC[malloc])
+TARGETS = {"params_grads_state_abs_error_max": 0.02, "peak_abs_error_max": 0.20}
+COLS = [
+    Col("size", "size"),
+    Col("params (M)", lambda r: r["predicted"]["params_m"], ".1f"),
+    Col("optimizer", "optimizer"),
+    Col("act. ckpt", lambda r: "on" if r["activation_checkpointing"] else "off"),
+    Col("params+grads+state MB (plan)", lambda r: sum(r["predicted"][k] for k in EXACT), "mb1"),
+    # the exact sums are the same tensors under every allocator setting: the worst
+    Col("error", lambda r: max((e["params_grads_state"] for e in r["rel_error"].values()), key=abs), "pct2"),
+    Col("peak MB (plan)", lambda r: r["predicted"]["peak_bytes"], "mb0"),
+    Col("peak phase", lambda r: r["predicted"]["peak_phase"]),
+]
+EXACT = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
 
 
-# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
-
-
-def section(res: dict) -> tuple[list[str], dict]:
-    """``logra plan`` against measured bytes and peaks, per size x optimizer x activation checkpointing."""
-    t, allocators = res["targets"], list(res.get("allocators", {}))
-    wall = res.get("wall_seconds", sum(r.get("wall_s", 0.0) for r in res["rows"]))
-    load = (
-        f"load at start {load_text(res['load_start'])}, at end {load_text(res.get('load_end'))}"
-        if res.get("load_start")
-        else "load not recorded"
-    )
-    mallocs = "; ".join(f"`{m}`: {doc}" for m, doc in res.get("allocators", {}).items())
+def _targets(res: dict) -> list[Target]:
+    t, fit = res["settings"]["targets"], res["summary"].get("allocator_slack_fit")
+    exact, peak = t["params_grads_state_abs_error_max"], t["peak_abs_error_max"]
     out = [
-        f"Command: `{res['command']}` — {wall:.0f} s, {load}. Run settings: `{json.dumps(res['run'])}`. Errors are "
-        f"predicted / measured − 1; allocator settings: {mallocs}.",
-        "",
-    ]
-    slack_fit = res["summary"].get("allocator_slack_fit")
-    fitted_head = [f"peak error (`default`, slack {pct(slack_fit['slack'])})"] if slack_fit else []
-    rows = []
-    for r in res["rows"]:
-        pred, err = r["predicted"], r["error"]
-        # the exact sums are the same tensors under every allocator setting: show the worst
-        exact = max((e["params_grads_state"] for e in err.values()), key=abs, default=None)
-        pred_exact = pred["param_bytes"] + pred["grad_bytes"] + pred["optimizer_state_bytes"]
-        peaks = []
-        for m in allocators:
-            meas = r["measured"].get(m)
-            peaks += (
-                [num(meas["train_peak_bytes"] / MB, ".0f"), pct(err[m]["peak"])]
-                if meas
-                else ["failed: " + clip(r.get("failed", {}).get(m, ""), 80), ""]
-            )
-        fitted = [pct(err.get("default", {}).get("peak_with_fitted_slack"))] if slack_fit else []
-        rows.append(
-            [
-                r["size"],
-                num(pred["params_m"], ".1f"),
-                r["optimizer"],
-                "on" if r["activation_checkpointing"] else "off",
-                num(pred_exact / MB, ".1f"),
-                pct(exact, 2),
-                num(pred["peak_bytes"] / MB, ".0f"),
-                pred["peak_phase"],
-                *peaks,
-                *fitted,
-                num(r.get("wall_s"), ".0f"),
-            ]
+        Target(
+            f"params+grads+state within {pct(exact, 0)}, worst", "max_abs_error_params_grads_state", "<=", exact, "pct2"
         )
-    out += table(
-        [
-            "size",
-            "params (M)",
-            "optimizer",
-            "act. ckpt",
-            "params+grads+state MB (plan)",
-            "error",
-            "peak MB (plan)",
-            "peak phase",
-            *(h for m in allocators for h in (f"peak MB (`{m}`)", f"peak error (`{m}`)")),
-            *fitted_head,
-            "wall s",
-        ],
-        rows,
-    ) + [""]
-    s = res["summary"]
-    exact = s.get("max_abs_error_params_grads_state")
-    verdicts = [
-        f"params+grads+state within {pct(t['params_grads_state_abs_error_max'], 0)} → worst {pct(exact, 2)} "
-        f"({met(exact is not None and exact <= t['params_grads_state_abs_error_max'])})"
     ]
-    for m in allocators:
-        peak = s.get(f"max_abs_error_peak_{m}")
-        verdicts.append(
-            f"peak within {pct(t['peak_abs_error_max'], 0)} under `{m}` → worst {pct(peak)} "
-            f"({met(peak is not None and peak <= t['peak_abs_error_max'])})"
-        )
-    if slack_fit:
-        held = s.get("max_abs_error_peak_default_fitted_slack_held_out")
-        verdicts.append(
-            f"peak within {pct(t['peak_abs_error_max'], 0)} under `default` with `--allocator-slack "
-            f"{slack_fit['slack']:.3f}` fitted on the {slack_fit['size']} rows → worst held-out (other sizes) "
-            f"{pct(held)} ({met(held is not None and held <= t['peak_abs_error_max'])})"
-        )
-    out += ["Targets: " + "; ".join(verdicts) + f"; failed rows: {s.get('failed_rows', 0)}.", ""]
-    return out, s
-
-
-REPORTS = {"plan_vs_measured": Report("Memory planner vs measurement", section)}
-
-
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="~1M / 5M / 13M shapes, live-bytes allocator only, ~1 min")
-    ap.add_argument("--sizes", nargs="*", default=None, help="subset of the size names")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes at once (peaks are per process)")
-    ap.add_argument("--fit-size", default="25m", help="size whose rows fit the allocator slack (the rest are held out)")
-    ap.add_argument(
-        "--out", default=None, help="results JSON (default benchmarks/results/plan_vs_measured[_quick].json)"
-    )
-    ap.add_argument("--worker", nargs=3, default=None, metavar=("SIZE", "OPT", "CKPT"), help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    sizes, run = (QUICK, RUN["quick"]) if args.quick else (FULL, RUN["full"])
-    if args.worker:
-        size, opt_name, ckpt = args.worker
-        row = worker(size, opt_name, ckpt == "1", sizes[size], run)
-        Path(args.worker_out).write_text(json.dumps(row))
-        return {}
-    mallocs = ("live",) if args.quick else tuple(MALLOC)
-    started, load_start = time.perf_counter(), load_average()
-    keys = [
-        (size, ckpt, opt_name)
-        for size in args.sizes or list(sizes)
-        for ckpt in ((True,) if args.quick else (True, False))
-        for opt_name in OPTIMIZERS
+    out += [
+        Target(f"peak within {pct(peak, 0)} under `{m}`, worst", f"max_abs_error_peak_{m}", "<=", peak, "pct")
+        for m in res["settings"]["allocators"]
     ]
-    unknown = sorted({k[0] for k in keys} - set(sizes))
-    if unknown:
-        raise SystemExit(f"unknown --sizes {unknown} (allowed: {', '.join(sizes)})")
+    if fit:
+        label = f"peak within {pct(peak, 0)} under `default` with `--allocator-slack {fit['slack']:.3f}` fitted on "
+        label += f"the {fit['size']} rows, worst held-out (other sizes)"
+        out.append(Target(label, "max_abs_error_peak_default_fitted_slack_held_out", "<=", peak, "pct"))
+    return out
 
-    def measure(task: tuple) -> tuple[dict | None, str, float]:
-        t0 = time.perf_counter()
-        meas, failure = _run_worker(*task, args.quick)
-        return meas, failure, time.perf_counter() - t0
 
-    tasks = [(size, opt_name, ckpt, malloc) for size, ckpt, opt_name in keys for malloc in mallocs]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # threads only wait on the worker processes
-        measured = dict(zip(tasks, pool.map(measure, tasks)))
-    rows = []
-    for size, ckpt, opt_name in keys:
-        pred = predict(sizes[size], run, opt_name, ckpt)
-        row = {
-            "size": size,
-            "optimizer": opt_name,
-            "activation_checkpointing": ckpt,
-            "shape": sizes[size],
-            "predicted": pred,
-            "measured": {},
-            "error": {},
-            "wall_s": 0.0,
+@bench("plan_vs_measured", title="Memory planner vs measurement", quick=[], full=[])
+class PlanVsMeasured(Benchmark):
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--sizes", nargs="*", default=None, help="subset of the size names")
+        ap.add_argument("--jobs", type=int, default=2, help="worker processes at once (peaks are per process)")
+        ap.add_argument(
+            "--fit-size", default="25m", help="size whose rows fit the allocator slack (the rest are held out)"
+        )
+
+    def settings(self, args) -> dict:
+        shapes, run = (QUICK, RUN["quick"]) if args.quick else (FULL, RUN["full"])
+        unknown = sorted(set(args.sizes or ()) - set(shapes))
+        if unknown:
+            raise SystemExit(f"unknown --sizes {unknown} (allowed: {', '.join(shapes)})")
+        mallocs = ("live",) if args.quick else tuple(MALLOC)
+        return {
+            "jobs": args.jobs,
+            "run": {**run, "dtype": "float32", "tie_word_embeddings": True, "loss": "gather_logprobs policy gradient"},
+            "targets": TARGETS,
+            "allocators": {m: MALLOC_DOC[m] for m in mallocs},
+            "shapes": {s: shapes[s] for s in args.sizes or shapes},
+            "checkpointing": [True] if args.quick else [True, False],
+            "fit_size": args.fit_size,
         }
-        for malloc in mallocs:
-            meas, failure, seconds = measured[(size, opt_name, ckpt, malloc)]
-            row["wall_s"] += seconds
-            if meas is None:
-                row.setdefault("failed", {})[malloc] = failure
-                continue
-            row["measured"][malloc], row["error"][malloc] = meas, compare(pred, meas)
-        rows.append(row)
-        errs = "  ".join(
-            f"{m}: exact {e['params_grads_state']:+.2%} peak {e['peak']:+.2%}" for m, e in row["error"].items()
-        )
-        print(
-            f"{size:>6} {opt_name:>5} ckpt={int(ckpt)}  {errs or row.get('failed')}  ({row['wall_s']:.0f}s)", flush=True
-        )
-    import torch
 
-    slack = fit_allocator_slack(rows, args.fit_size, run)
-    held_out = [
-        r["error"]["default"]["peak_with_fitted_slack"]
-        for r in rows
-        if r["size"] != args.fit_size and "peak_with_fitted_slack" in r["error"].get("default", {})
-    ]
-    if slack is not None:
-        print(
-            f"allocator slack fitted on {args.fit_size}: {slack:+.1%}; held-out peak errors: "
-            + " ".join(f"{e:+.1%}" for e in held_out)
-        )
-    errors = [(m, e) for r in rows for m, e in r["error"].items()]
-    result = {
-        "command": "python -m benchmarks.plan_vs_measured" + (" --quick" if args.quick else ""),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "torch_threads": run["threads"],
-        },
-        "jobs": args.jobs,
-        "run": {**run, "dtype": "float32", "tie_word_embeddings": True, "loss": "gather_logprobs policy gradient"},
-        "targets": {"params_grads_state_abs_error_max": 0.02, "peak_abs_error_max": 0.20},
-        "allocators": {m: MALLOC_DOC[m] for m in mallocs},
-        "summary": {
+    def worker_env(self, name: str, settings: dict) -> dict[str, str]:
+        return MALLOC[name.rsplit("/", 1)[1]]
+
+    def measure(self, name: str, settings: dict) -> dict:
+        size, opt, ckpt, _malloc = name.split("/")
+        return worker(size, opt, ckpt == "ckpt_on", settings["shapes"][size], settings["run"])
+
+    def run(self, args, settings: dict) -> list[dict]:
+        keys = [
+            f"{s}/{o}/ckpt_{'on' if c else 'off'}"
+            for s in settings["shapes"]
+            for c in settings["checkpointing"]
+            for o in OPTIMIZERS
+        ]
+        tasks = [f"{k}/{m}" for k in keys for m in settings["allocators"]]
+
+        def timed(name: str) -> tuple[dict, float]:
+            t0 = time.perf_counter()
+            return self.isolated(name, args), time.perf_counter() - t0
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # threads only wait on the worker processes
+            measured = dict(zip(tasks, pool.map(timed, tasks)))
+        rows = []
+        for key in keys:
+            size, opt, ckpt = key.split("/")
+            shape, ckpt = settings["shapes"][size], ckpt == "ckpt_on"
+            pred = predict(shape, settings["run"], opt, ckpt)
+            r = {
+                "size": size,
+                "optimizer": opt,
+                "activation_checkpointing": ckpt,
+                "shape": shape,
+                "predicted": pred,
+                "measured": {},
+                "rel_error": {},
+                "wall_s": 0.0,
+            }
+            failed = {}
+            for m in settings["allocators"]:
+                got, seconds = measured[f"{key}/{m}"]
+                r["wall_s"] += seconds
+                if got["ok"]:
+                    r["measured"][m], r["rel_error"][m] = got["metrics"], compare(pred, got["metrics"])
+                else:
+                    failed[m] = got["error"]
+            error = "; ".join(f"{m}: {e}" for m, e in failed.items()) or None
+            rows.append({"name": key, "ok": not failed, "error": error, "metrics": r})
+            print(json.dumps({"name": key, **{m: e["peak"] for m, e in r["rel_error"].items()}}), flush=True)
+        return rows
+
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        failed, rows = sum(not r["ok"] for r in rows), [r["metrics"] for r in rows]
+        slack = fit_allocator_slack(rows, settings["fit_size"], settings["run"])  # adds the fitted errors to the rows
+        errors = [(m, e) for r in rows for m, e in r["rel_error"].items()]
+        held_out = [
+            r["rel_error"]["default"]["peak_with_fitted_slack"]
+            for r in rows
+            if r["size"] != settings["fit_size"] and "peak_with_fitted_slack" in r["rel_error"].get("default", {})
+        ]
+        return {
             "max_abs_error_params_grads_state": max((abs(e["params_grads_state"]) for _, e in errors), default=None),
             **{
                 f"max_abs_error_peak_{m}": max((abs(e["peak"]) for n, e in errors if n == m), default=None)
-                for m in mallocs
+                for m in settings["allocators"]
             },
-            "allocator_slack_fit": None if slack is None else {"size": args.fit_size, "slack": slack},
+            "allocator_slack_fit": None if slack is None else {"size": settings["fit_size"], "slack": slack},
             "max_abs_error_peak_default_fitted_slack_held_out": max(map(abs, held_out), default=None),
-            "failed_rows": sum("failed" in r for r in rows),
-        },
-        "rows": rows,
-    }
-    print(json.dumps(result["summary"]))
-    write_result(
-        Path(args.out) if args.out else RESULTS / f"plan_vs_measured{'_quick' if args.quick else ''}.json", result
-    )
-    return result
+            "failed_rows": failed,
+        }
+
+    def section(self, res: dict) -> list[str]:
+        """``logra plan`` against measured bytes and peaks, per size x optimizer x activation checkpointing."""
+        allocators, fit = res["settings"]["allocators"], res["summary"].get("allocator_slack_fit")
+        cols = COLS + [
+            c
+            for m in allocators
+            for c in (
+                Col(f"peak MB (`{m}`)", lambda r, m=m: r["measured"][m]["train_peak_bytes"], "mb0"),
+                Col(f"peak error (`{m}`)", lambda r, m=m: r["rel_error"][m]["peak"], "pct"),
+            )
+        ]
+        if fit:
+            cols.append(
+                Col(
+                    f"peak error (`default`, slack {pct(fit['slack'])})",
+                    lambda r: r["rel_error"]["default"].get("peak_with_fitted_slack"),
+                    "pct",
+                )
+            )
+        cols.append(Col("wall s", "wall_s", ".0f"))
+        mallocs = "; ".join(f"`{m}`: {doc}" for m, doc in allocators.items())
+        head = (
+            command_head(res)
+            + f" Run settings: `{json.dumps(res['settings']['run'])}`. Errors are predicted / measured − 1; "
+            + f"allocator settings: {mallocs}."
+        )
+        verdicts = "; ".join(t.verdict(res["summary"]) for t in _targets(res))
+        tail = f"Targets: {verdicts}; failed rows: {res['summary'].get('failed_rows', 0)}."
+        return [head, "", *table([flat(r) for r in res["rows"]], cols), "", tail, ""]
 
 
 if __name__ == "__main__":
-    main()
+    main(PlanVsMeasured)

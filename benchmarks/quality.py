@@ -9,71 +9,35 @@ Run (full: the settings of ``configs/``, 8 rows x 3 seeds = 24 ``logra fit`` run
     .venv/bin/python -m benchmarks.quality --rows lora_r16 --seeds 0 --lora-lr 3e-3 --out /tmp/sweep.json  # one lr
 
 Every run is a real ``logra fit --config <AdamW config>`` in its own process with the optimizer
-replaced on the command line, so all rows share the loop, task, reward, batch, group size,
-sampling and evaluation: greedy held-out accuracy before RL, every ``val_check_interval``
-steps, and after the last step (``val/accuracy`` in TensorBoard, ``summary.json``). Rows:
+replaced on the command line, so all rows share the loop, task, reward, batch, group size, sampling
+and evaluation (greedy held-out accuracy before RL, every ``val_check_interval`` steps and after).
+Rows: ``adamw``; ``logra_r{4,8,16,32}`` (:class:`~logra_lightning.optim.LoGRA`, every 2-D param
+low-rank); ``galore_r16`` (``galore_torch.GaLoreAdamW`` on attention/MLP, :mod:`benchmarks.galore_named`);
+``lora_r{16,8}`` (LoRA, ``alpha = 2r``, AdamW on the factors at the LoRA config's lr; r8 is the rank
+whose params + grads + state match LoGRA r16's); with ``--bf16``, weights held at bf16 values with
+each step's update rounded by a rule (:class:`benchmarks.bf16_weights.BF16Weights`):
+``logra_r{R}_bf16w_{nearest,stochastic,kahan}`` and ``adamw_bf16w_nearest``.
 
-* ``adamw``: the config's ``torch.optim.AdamW``;
-* ``logra_r{4,8,16,32}``: :class:`logra_lightning.optim.LoGRA` at that rank (every 2-D
-  param low-rank, the library default), ``update_proj_gap`` from the LoGRA config;
-* ``galore_r16``: ``galore_torch.GaLoreAdamW`` through :mod:`benchmarks.galore_named`
-  (attention/MLP low-rank, ``scale=1``);
-* ``lora_r{16,8}``: LoRA (PEFT, :class:`logra_lightning.models.LoRA`, ``alpha = 2r``, every
-  attention/MLP matrix) with ``torch.optim.AdamW`` on the factors, at the lr of
-  ``configs/arithmetic_tiny_lora.yaml`` (``--lora-lr``; LoRA wants a larger lr than full
-  fine-tuning). r16 is LoGRA r16's rank; r8 is the rank whose params + grads + optimizer state
-  match LoGRA r16's training tensors on this policy (15.7 MB vs 15.5 MB, counted exactly);
-* with ``--bf16`` (issue 18's bf16 row; not in the default set): weights held at bf16 values,
-  each step's update rounded by a rule (:class:`benchmarks.bf16_weights.BF16Weights`; forward in
-  fp32, see there why): ``logra_r{R}_bf16w_{nearest,stochastic,kahan}`` and
-  ``adamw_bf16w_nearest`` (R = the largest of ``--ranks`` that is <= 16). The fp32-master
-  answer is the plain ``adamw`` / ``logra_r{R}`` rows.
-
-Defaults are read, not hard-coded: ``lr``/``max_steps``/``val_check_interval`` from the AdamW
-config (``--config``); the LoGRA rows' ``lr`` and ``update_proj_gap`` from the first LoGRA
-config found (``--logra-config``, else ``configs/arithmetic_tiny_logra.yaml``, else
-``configs/arithmetic_tiny.yaml`` when it selects LoGRA), else the AdamW lr and gap 50.
-GaLore uses the LoGRA rows' lr. ``--lr`` sets every row's lr. Seeds change the model's
-sampling and the prompt order (``seed_everything``, ``data.seed``); the held-out split is fixed.
-Results: ``benchmarks/results/quality[_quick].json`` with per-run curves and per-row mean/std.
-``--merge`` keeps the rows of an earlier results file that this run does not repeat.
-
-Memory: every run carries :class:`~logra_lightning.callbacks.MemoryMonitor` (it only measures).
-Per run: ``peak_rss_bytes``, the whole process's peak resident memory over the training steps (the
-largest ``memory/<phase>/peak_gb``; the in-process HF engine included), and its training-tensor
-part, ``train_tensor_bytes`` = params + the largest live gradients + optimizer state
-(``memory/params_gb`` + ``memory/grads_gb`` + ``memory/optimizer_state_gb``).
-
-Parallel runs: ``--jobs N`` (default 2, 1 with ``--quick``) runs N ``logra fit`` processes at
-once, each pinned to one torch thread (``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` in its environment
-and ``--model.torch_threads 1``, whatever ``--jobs`` is, so the runs compute the same thing
-either way). This benchmark measures accuracy, which does not depend on how many runs share the
-machine; the recorded ``step_seconds_median`` does, so it is only a rough cost figure here
-(``settings.jobs`` says how many ran at once; ``benchmarks/optimizer_memory.py`` measures time).
+Defaults are read from the configs (``--config`` for AdamW, the first LoGRA config for the low-rank
+rows' lr and ``update_proj_gap``); ``--lr`` sets every row's. Seeds change sampling and prompt order;
+the held-out split is fixed. Every run carries :class:`~logra_lightning.callbacks.MemoryMonitor`:
+``peak_rss_bytes`` (the whole process, HF engine included) and ``train_tensor_bytes`` (params + the
+largest live gradients + optimizer state). ``--jobs`` runs go at once, each on one torch thread, so
+s/step is a rough cost figure (``optimizer_memory`` measures time); accuracy does not depend on it.
+One results row per run (``logra_r16/seed0``); the summary has per-row mean/std over seeds.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import (
-    CONFIGS,
-    RESULTS,
-    WORK_DIR,
-    budget_args,
-    config_defaults,
-    load_average,
-    logra_fit,
-    machine_info,
-    write_result,
-)
-from benchmarks.report import Report, command_head, num, pct, table
+from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_defaults, logra_fit
+from benchmarks.harness import Benchmark, bench, main
+from benchmarks.report import Col, command_head, num, table
+from benchmarks.rl_table import stats
 
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
@@ -104,15 +68,6 @@ def find_logra_config(explicit: str | None) -> str | None:
         if path.is_file() and "LoGRA" in str(config_defaults(path)["optimizer"]):
             return str(path)
     return None
-
-
-def _gap(path: str | None) -> int:
-    import yaml
-
-    if path is None:
-        return 50
-    init = (yaml.safe_load(Path(path).read_text()).get("model", {}).get("optimizer", {}) or {}).get("init_args", {})
-    return int(init.get("update_proj_gap", 50))
 
 
 def lora_adapter(rank: int) -> dict:
@@ -164,31 +119,22 @@ def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float |
     return rows
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
 def summarize(runs: list[dict]) -> dict[str, dict]:
     """Per row: accuracy after RL (mean/std/min/max over seeds), the mean curve, median step seconds."""
     out: dict[str, dict] = {}
     for row in dict.fromkeys(r["row"] for r in runs):
         ok = [r for r in runs if r["row"] == row and r["ok"]]
-        entry: dict = {"runs": len([r for r in runs if r["row"] == row]), "ok_runs": len(ok)}
+        mine = [r for r in runs if r["row"] == row]
+        entry: dict = {"runs": len(mine), "ok_runs": len(ok), "lr": mine[0]["lr"]}
         if ok:
-            entry["accuracy_before"] = _stats([r["accuracy_before"] for r in ok])
-            entry["accuracy_after"] = _stats([r["accuracy_after"] for r in ok])
+            entry["accuracy_before"] = stats([r["accuracy_before"] for r in ok])
+            entry["accuracy_after"] = stats([r["accuracy_after"] for r in ok])
             steps = sorted(set.intersection(*(set(s for s, _ in r["curve"]) for r in ok)))
             entry["curve"] = [
-                [s, *(lambda v: [v["mean"], v["std"]])(_stats([dict(r["curve"])[s] for r in ok]))] for s in steps
+                [s, *(lambda v: [v["mean"], v["std"]])(stats([dict(r["curve"])[s] for r in ok]))] for s in steps
             ]
             entry["step_seconds_median"] = statistics.median(r["step_seconds_median"] for r in ok)
-            for key in ("peak_rss_bytes", "train_tensor_bytes", "optimizer_state_bytes"):
+            for key in ("peak_rss_bytes", "train_tensor_bytes", "optimizer_state_bytes", "bf16_lost_share_mean"):
                 if all(r.get(key) is not None for r in ok):
                     entry[key] = statistics.median(r[key] for r in ok)
         out[row] = entry
@@ -220,7 +166,7 @@ def memory_fields(scalars: dict[str, list]) -> dict[str, int | None]:
 
 
 def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str], work_dir: Path) -> dict:
-    """One ``logra fit`` of a row and seed on one torch thread: held-out accuracy, curves, step seconds, memory."""
+    """One ``logra fit`` of a row and seed on one torch thread (a results row): accuracy, curves, step s, memory."""
     name = f"{row}_seed{seed}"
     res = logra_fit(
         name,
@@ -235,7 +181,6 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
         "row": row,
         "seed": seed,
         "lr": optimizer["init_args"]["lr"],
-        "ok": res["ok"],
         "seconds": res["seconds"],
         "load_before": res["load_before"],
         "load_after": res["load_after"],
@@ -253,189 +198,86 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
         )
         if "bf16/lost_share" in sc:
             run["bf16_lost_share_mean"] = statistics.fmean(v for _, v in sc["bf16/lost_share"])
-    else:
-        run["error"] = res["error"]
-    print(
-        f"{name}: "
-        + (
-            f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f} ({run['seconds']:.0f} s)"
-            if run["ok"]
-            else f"FAILED {run['error'][-300:]}"
+    got = f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}" if res["ok"] else "FAILED"
+    print(f"{name}: {got} ({run['seconds']:.0f} s)", flush=True)
+    return {"name": f"{row}/seed{seed}", "ok": res["ok"], "error": res.get("error"), "metrics": run}
+
+
+COLS = [
+    Col("row", "name"),
+    Col("lr", "lr", "g"),
+    Col("runs ok", lambda s: f"{s['ok_runs']}/{s['runs']}"),
+    Col("accuracy before", lambda s: s["accuracy_before"]["mean"], "pct"),
+    Col(
+        "accuracy after, % (mean ± std, min–max)",
+        lambda s: (
+            (a := s["accuracy_after"])
+            and f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})"
         ),
-        flush=True,
-    )
-    return run
+    ),
+    Col("vs AdamW (points)", "accuracy_after_vs_adamw_points", "+.1f"),
+    Col("s/step (median)", "step_seconds_median", ".2f"),
+]
+OPTIONAL = [  # shown when a result has them
+    Col("peak RSS GB (median)", "peak_rss_bytes", "gb3"),
+    Col("params + grads + state MB", "train_tensor_bytes", "mb1"),
+    Col("bf16 updates lost", "bf16_lost_share_mean", "pct"),
+]
 
 
-# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
-
-
-def section(res: dict) -> tuple[list[str], dict]:
-    """Held-out accuracy per row: mean ± std over seeds, and against AdamW's."""
-    st = res["settings"]
-    out = [
-        command_head(res) + f" Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`), "
-        f"{st['steps']} RL steps, {st['batch_size']} prompts × {st['group_size']} samples per step, "
-        f"seeds {st['seeds']}, update_proj_gap {st['update_proj_gap']}, {st.get('jobs', 1)} run(s) at a time "
-        "(1 torch thread each: s/step is a rough cost figure, accuracy does not depend on it).",
-        "",
-    ]
-    rows = []
-    for row, s in res["summary"].items():
-        if "accuracy_after" not in s:
-            rows.append([row, "–", f"0/{s['runs']} ok", "", "", "", ""])
-            continue
-        a, b = s["accuracy_after"], s["accuracy_before"]
-        lr = st["optimizers"][row]["init_args"]["lr"]
-        rows.append(
-            [
-                row,
-                f"{lr:g}",
-                f"{s['ok_runs']}/{s['runs']}",
-                pct(b["mean"]),
-                f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})",
-                num(s.get("accuracy_after_vs_adamw_points"), "+.1f"),
-                num(s.get("step_seconds_median"), ".2f"),
-            ]
+@bench(
+    "quality",
+    title="Quality: held-out accuracy on the arithmetic RL task",
+    quick=[],
+    full=["--steps", "100"],
+    variants=tuple(
+        f"quality_{v}"
+        for v in ("bf16", "bf16_kahan", "issue18", "lora", "lora_3seeds", "lora_r8", "lora_seeds12", "same_base_seed0")
+        + tuple(f"lora_lr_sweep_{lr}" for lr in ("3e-4", "1e-3", "3e-3"))
+    ),
+)
+class Quality(Benchmark):
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"), help="the AdamW RL config")
+        ap.add_argument(
+            "--logra-config", default=None, help="config whose LoGRA lr/update_proj_gap the low-rank rows use"
         )
-    out += table(
-        [
-            "row",
-            "lr",
-            "runs ok",
-            "accuracy before",
-            "accuracy after, % (mean ± std, min–max)",
-            "vs AdamW (points)",
-            "s/step (median)",
-        ],
-        rows,
-    ) + [""]
-    return out, res["summary"]
-
-
-def plot(res: dict, plt):
-    """Held-out accuracy curves per row, mean ± std over seeds."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row, s in res["summary"].items():
-        if "curve" not in s:
-            continue
-        steps = [c[0] for c in s["curve"]]
-        mean = [100 * c[1] for c in s["curve"]]
-        std = [100 * c[2] for c in s["curve"]]
-        (line,) = ax.plot(steps, mean, marker="o", ms=3, label=f"{row} (n={s['ok_runs']})")
-        ax.fill_between(
-            steps,
-            [m - d for m, d in zip(mean, std)],
-            [m + d for m, d in zip(mean, std)],
-            color=line.get_color(),
-            alpha=0.15,
+        ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
+        ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
+        ap.add_argument("--val-every", type=int, default=None, help="steps between held-out evaluations")
+        ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
+        ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
+        ap.add_argument("--galore-rank", type=int, default=16)
+        ap.add_argument(
+            "--logra-args", default=None, help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full"}\''
         )
-    st = res["settings"]
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("held-out greedy accuracy (%)")
-    ax.set_title(
-        f"Arithmetic RL: mean ± std over seeds {st['seeds']} "
-        f"(lr AdamW {st['adamw_lr']:g}, low-rank {st['logra_lr']:g})",
-        fontsize=9,
-    )
-    ax.legend(fontsize=8)
-    return fig
+        ap.add_argument("--row-suffix", default="", help="appended to the LoGRA row names (e.g. _fullv)")
+        ap.add_argument("--lora-ranks", type=int, nargs="*", default=None, help="LoRA ranks (default 16 8; --quick: 8)")
+        ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
+        ap.add_argument(
+            "--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)"
+        )
+        ap.add_argument("--jobs", type=int, default=None, help=f"runs at once, 1 torch thread each (default {JOBS})")
+        ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
+        ap.add_argument("--work-dir", default=str(WORK_DIR / "quality"), help="TensorBoard logs of the runs")
 
-
-def headline(found: dict) -> list[str]:
-    """The headline bullet: each row's held-out accuracy after RL against AdamW's."""
-    parts = [
-        f"{row} {s['accuracy_after_vs_adamw_points']:+.1f}"
-        for row, s in (found.get("quality") or {}).items()
-        if row != "adamw" and "accuracy_after_vs_adamw_points" in s
-    ]
-    if not parts:
-        return []
-    return [
-        f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
-        "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."
-    ]
-
-
-REPORTS = {"quality": Report("Quality: held-out accuracy on the arithmetic RL task", section, plot, headline)}
-
-
-def merge_results(earlier: dict, new: dict) -> dict:
-    """``new`` plus the rows of ``earlier`` that ``new`` did not run (their runs, summaries and optimizers)."""
-    fresh = set(new["summary"])
-    kept = [r for r in earlier.get("runs", []) if r["row"] not in fresh]
-    merged = {**new, "runs": kept + new["runs"], "merged_from": earlier.get("command")}
-    merged["summary"] = summarize(merged["runs"])
-    merged["settings"] = {
-        **new["settings"],
-        "optimizers": {**earlier.get("settings", {}).get("optimizers", {}), **new["settings"]["optimizers"]},
-    }
-    return merged
-
-
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 seed, ranks 8 and 16, 4 steps, 64 held-out prompts")
-    ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"), help="the AdamW RL config")
-    ap.add_argument("--logra-config", default=None, help="config whose LoGRA lr/update_proj_gap the low-rank rows use")
-    ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
-    ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
-    ap.add_argument("--val-every", type=int, default=None, help="steps between held-out evaluations")
-    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
-    ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
-    ap.add_argument("--galore-rank", type=int, default=16)
-    ap.add_argument(
-        "--logra-args",
-        default=None,
-        help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full", "basis_dtype": "float32"}\'',
-    )
-    ap.add_argument("--row-suffix", default="", help="appended to the LoGRA row names (e.g. _fullv)")
-    ap.add_argument("--lora-ranks", type=int, nargs="*", default=None, help="LoRA ranks (default 16 8; --quick: 8)")
-    ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
-    ap.add_argument(
-        "--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)"
-    )
-    ap.add_argument(
-        "--merge", action="store_true", help="keep the earlier results file's rows this run does not repeat"
-    )
-    ap.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help=f"logra fit runs at once, 1 torch thread each (default {JOBS}; --quick: {QUICK['jobs']})",
-    )
-    ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
-    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/quality[_quick].json)")
-    ap.add_argument("--work-dir", default=str(WORK_DIR / "quality"), help="TensorBoard logs of the runs")
-    args = ap.parse_args(argv)
-    base = config_defaults(args.config)
-    logra_cfg = find_logra_config(args.logra_config)
-    logra = config_defaults(logra_cfg) if logra_cfg else None
-    steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
-    val_every = min(args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"]), steps)
-    args.seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
-    args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
-    args.lora_ranks = args.lora_ranks if args.lora_ranks is not None else ([8] if args.quick else [16, 8])
-    jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
-    if jobs < 1:
-        raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
-    adamw_lr = args.lr or base["lr"]
-    logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
-    gap = _gap(logra_cfg)
-    lora_lr = args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else adamw_lr)
-    rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr)
-    common = [*budget_args(steps, val_every, QUICK["test_size"] if args.quick else None), "--model.torch_threads", "1"]
-    started, load_start = time.time(), load_average()
-    plan = [(row, seed, optimizer) for seed in args.seeds for row, optimizer in rows.items()]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the `logra fit` processes
-        runs = list(pool.map(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan))
-    result = {
-        "command": "python -m benchmarks.quality " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_info(),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "wall_seconds": round(time.time() - started, 1),
-        "settings": {
+    def settings(self, args) -> dict:
+        base, logra_cfg = config_defaults(args.config), find_logra_config(args.logra_config)
+        logra = config_defaults(logra_cfg) if logra_cfg else None
+        steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
+        val_every = min(args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"]), steps)
+        args.seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
+        args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
+        args.lora_ranks = args.lora_ranks if args.lora_ranks is not None else ([8] if args.quick else [16, 8])
+        jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
+        if jobs < 1:
+            raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
+        adamw_lr = args.lr or base["lr"]
+        logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
+        gap = (logra or {}).get("update_proj_gap") or 50
+        lora_lr = args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else adamw_lr)
+        rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr)
+        return {
             "config": base["config"],
             "logra_config": logra["config"] if logra else None,
             "steps": steps,
@@ -451,16 +293,74 @@ def main(argv=None) -> dict:
             "group_size": base["group_size"],
             "held_out_prompts": QUICK["test_size"] if args.quick else base["held_out_prompts"],
             "optimizers": rows,
-        },
-        "summary": summarize(runs),
-        "runs": runs,
-    }
-    out = Path(args.out) if args.out else RESULTS / f"quality{'_quick' if args.quick else ''}.json"
-    if args.merge and out.exists():
-        result = merge_results(json.loads(out.read_text()), result)
-    write_result(out, result)
-    return result
+        }
+
+    def run(self, args, settings: dict) -> list[dict]:
+        test_size = QUICK["test_size"] if args.quick else None
+        common = [
+            *budget_args(settings["steps"], settings["val_check_interval"], test_size),
+            "--model.torch_threads",
+            "1",
+        ]
+        plan = [(row, seed, opt) for seed in settings["seeds"] for row, opt in settings["optimizers"].items()]
+        with ThreadPoolExecutor(max_workers=settings["jobs"]) as pool:  # threads only wait on the `logra fit` processes
+            return list(pool.map(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan))
+
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        return summarize([{**r["metrics"], "ok": r["ok"]} for r in rows])
+
+    def section(self, res: dict) -> list[str]:
+        """Held-out accuracy per row: mean ± std over seeds, and against AdamW's."""
+        st = res["settings"]
+        said = [
+            "config" in st and f"Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`)",
+            f"{st['steps']} RL steps",
+            "batch_size" in st and f"{st['batch_size']} prompts × {st['group_size']} samples per step",
+            "seeds" in st and f"seeds {st['seeds']}",
+            "update_proj_gap" in st and f"update_proj_gap {st['update_proj_gap']}",
+            "jobs" in st
+            and f"{st['jobs']} run(s) at a time (1 torch thread each: s/step is a rough cost figure, "
+            "accuracy does not depend on it)",
+        ]
+        rows = [
+            {"name": n, "ok": s["ok_runs"] > 0, "error": f"0/{s['runs']} ok", **s} for n, s in res["summary"].items()
+        ]
+        cols = COLS + [c for c in OPTIONAL if any(r.get(c.value) is not None for r in rows)]
+        body = table(rows, cols)
+        return [command_head(res) + " " + ", ".join(x for x in said if x) + ".", "", *body, ""]
+
+    def plot(self, res: dict, plt):
+        """Held-out accuracy curves per row, mean ± std over seeds."""
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for row, s in res["summary"].items():
+            if "curve" not in s:
+                continue
+            steps, mean, std = zip(*((c[0], 100 * c[1], 100 * c[2]) for c in s["curve"]))
+            (line,) = ax.plot(steps, mean, marker="o", ms=3, label=f"{row} (n={s['ok_runs']})")
+            lo, hi = [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)]
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("held-out greedy accuracy (%)")
+        lrs = ", ".join(f"{row} {s['lr']:g}" for row, s in res["summary"].items())
+        ax.set_title(f"Arithmetic RL: mean ± std over seeds (lr {lrs})", fontsize=9)
+        ax.legend(fontsize=8)
+        return fig
+
+    def headline(self, results: dict[str, dict]) -> list[str]:
+        """Each row's held-out accuracy after RL against AdamW's."""
+        summary = (results.get("quality") or {}).get("summary", {})
+        parts = [
+            f"{row} {num(s.get('accuracy_after_vs_adamw_points'), '+.1f')}"
+            for row, s in summary.items()
+            if row != "adamw"
+        ]
+        if not parts:
+            return []
+        return [
+            f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
+            "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."
+        ]
 
 
 if __name__ == "__main__":
-    main()
+    main(Quality)

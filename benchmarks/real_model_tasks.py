@@ -3,88 +3,65 @@
 Policy ``builtin:smollm2-135m-instruct``: the released model's Q4_1 GGUF quantization, dequantized to fp32
 (:mod:`logra_lightning.builtin.smollm2`). Tasks: reasoning-gym datasets (``configs/smollm2_<task>.yaml``, the
 dataset's own ``score_answer`` as the reward). Per task, the full ``logra fit`` RL loop (vLLM CPU engine, weight
-sync after every step) for each optimizer row, same steps, prompts and sampling; recorded per run: held-out
-greedy accuracy before/after RL, the trainer process's training memory and whole-process peak RSS
-(:mod:`benchmarks.trainer_memory`), s/step, and what the held-out answers were (:mod:`benchmarks.held_out_answers`).
-Per task, once: the base model's greedy pass@1, sampled pass@1 and pass@k on the held-out set, and the
-majority-answer baseline (the accuracy of always giving the held-out set's most common answer).
+sync after every step) for each optimizer row, the recipe of :mod:`benchmarks.rl_table`; recorded per run beside
+accuracy and memory: what the held-out answers were (:mod:`benchmarks.held_out_answers`). Per task, once (a unit
+``base/<task>`` in its own process): the base model's greedy pass@1, sampled pass@1 and pass@k on the held-out set,
+and the majority-answer baseline (the accuracy of always giving the held-out set's most common answer).
 
-The whole table is hours of compute on 2 cores, so it is built one unit at a time; every finished unit is kept
-in ``--work-dir`` and read back with ``--reuse`` (which first restores, from the committed results file, the
-units a fresh clone's work directory lacks)::
+The whole table is hours of compute on 2 cores, so it is built one unit at a time with ``--reuse``::
 
     .venv/bin/python -m benchmarks.real_model_tasks --reuse --max-runs 1   # the next missing unit, the table so far
     .venv/bin/python -m benchmarks.real_model_tasks --reuse                # every missing unit
     .venv/bin/python -m benchmarks.real_model_tasks --quick                # tiny random policy, HF engine, 2 steps (CI)
 
-Units, in order: the base model's pass@k per task (a worker process with its own engine), the lr sweep
-(:data:`SWEEP_LRS`, on ``sweep_task``, seed 0, ``sweep_steps`` steps), then the table's runs (every task x row x
-seed at its row's lr; seed 0 of every task first). ``--lr row=value`` skips the sweep for that row.
-
 Choosing the lr: the sweep runs draw their problems with another data seed (:data:`SWEEP_DATA_SEED`), so their
 held-out set is a *validation* set, not the table's test set, and the lr with the highest validation accuracy
 after the sweep run is taken (ties: the higher mean training reward over the second half of the steps). The
 training reward alone was too noisy to choose by here: sampled at temperature 1 it stayed at 0-15% while the
-greedy held-out accuracy moved by 10+ points.
-
-Rows are the 20M table's (:func:`benchmarks.reasoning_tasks.row_args`): ``adamw`` (``torch.optim.AdamW``),
-``logra`` (:class:`~logra_lightning.optim.LoGRA`, rank 16, every 2-D weight low-rank) and ``lora`` (a rank-16
-LoRA adapter trained with AdamW). Runs go one at a time (each uses both cores: 2 torch threads, then the engine).
+greedy held-out accuracy moved by 10+ points. Runs go one at a time (each uses both cores).
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import hashlib
 import importlib
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import (
-    CONFIGS,
-    RESULTS,
-    WORK_DIR,
-    config_callbacks,
-    load_average,
-    logra_fit,
-    machine_info,
-    run_worker,
-    write_result,
-)
-from benchmarks.reasoning_tasks import (
-    MEMORY_FILE,
+from benchmarks.common import CONFIGS, config_callbacks
+from benchmarks.harness import bench, flat, main
+from benchmarks.report import Col, table
+from benchmarks.rl_table import (
+    COLS,
+    MISSING,
     PAPER_REDUCTION,
     RANK,
-    RUN_FILE,
-    _from_logs,
-    _pm,
-    lora_pending,
+    RLTable,
+    config_sha,
+    finished,
+    is_missing,
     pick_lrs,
-    row_args,
-    summarize,
+    task_bars,
 )
-from benchmarks.report import Report, table
 
 MODEL = "builtin:smollm2-135m-instruct"
 WEIGHTS = "SmolLM2-135M-Instruct, the release's Q4_1 GGUF quantization dequantized to fp32"
-# configs/smollm2_<task>.yaml. gcd stays as the record of a collapse (its runs learned to answer `1`, right on 53%
-# of its problems; see COLLAPSE_SHARE) and is left out of the targets; lcm, whose most common answer is rare, is the
-# third task that measures something.
+# gcd stays as the record of a collapse (its runs learned to answer `1`, right on 53% of its problems; see
+# COLLAPSE_SHARE) and is left out of the targets; lcm, whose most common answer is rare, is the third task.
 TASKS = ("basic_arithmetic", "chain_sum", "lcm", "gcd")
-ROWS = ("adamw", "logra", "lora")
 # A row's lrs reach one step past its best, so the best is not at an edge of what was tried (AdamW: down to 1e-6).
 SWEEP_LRS = {"adamw": [1e-6, 3e-6, 1e-5, 3e-5], "logra": [1e-5, 3e-5, 1e-4], "lora": [3e-5, 1e-4, 3e-4]}
-# Seeds after the first run only on `later_seed_tasks` (None: every task): the whole grid on two seeds does not fit
-# this machine's sittings, and the issue accepts a second seed on one task.
-FULL = dict(
-    steps=20, sweep_steps=10, sweep_task=TASKS[0], seeds=[0, 1], later_seed_tasks=[TASKS[0]], pass_k=8, test_size=None
-)
-QUICK = dict(steps=2, sweep_steps=1, sweep_task=TASKS[0], seeds=[0], later_seed_tasks=None, pass_k=2, test_size=8)
-SWEEP_LR_COUNT = {"full": None, "quick": 1}  # lrs per row swept (None: all of SWEEP_LRS)
+# Seeds after the first run only on `later_seed_tasks`: the whole grid on two seeds does not fit this machine's
+# sittings, and the issue accepts a second seed on one task.
+FULL = dict(steps=20, sweep_steps=10, sweep_lrs=None, seeds=[0, 1], later_seed_tasks=[TASKS[0]], jobs=1, test_size=None)
+QUICK = dict(steps=2, sweep_steps=1, sweep_lrs=1, seeds=[0], later_seed_tasks=None, jobs=1, test_size=8)
+# A random tiny policy rarely ends a completion, and a step whose completions are all cut is skipped and sampled again
+QUICK["fit_args"] = ["--model.engine", "logra_lightning.rollout.HFEngineSpec", "--model.max_new_tokens", "8"]
+QUICK["fit_args"] += ["--model.group_size", "4", "--model.torch_threads", "1", "--data.batch_size", "2"]
+QUICK["fit_args"] += ["--model.max_consecutive_skips", "100"]
+PASS_K = {"full": 8, "quick": 2}
 SWEEP_DATA_SEED = 1  # the sweep's problems (and so its validation set) come from another draw than the table's
 ANSWERS_FILE = "answers.json"  # what HeldOutAnswers writes into the run's log directory
 BASE_FILE = "base.json"
@@ -93,33 +70,6 @@ TARGETS = {"adamw_gain_points": 5.0, "logra_vs_adamw_points": 1.0, "logra_memory
 
 def config_path(task: str) -> Path:
     return CONFIGS / f"smollm2_{task}.yaml"
-
-
-# How rows are split into forward/backward passes changes memory and time, not the losses or the gradients (equal
-# to the whole batch's: tests/test_token_budget.py), so it is not part of a unit's identity.
-EXECUTION_ONLY = ("micro_batch_size", "max_tokens_per_micro_batch")
-# Every RL unit passes its row's own `--model.optimizer` (row_args) and the base unit trains nothing, so the config's
-# optimizer never runs in a unit; it is left out too, so that it can be the sweep's pick for a plain `logra fit`.
-OVERRIDDEN = ("optimizer",)
-
-
-def config_sha(task: str) -> str:
-    """The first 12 hex digits of the SHA-256 of ``task``'s config settings (comments, :data:`EXECUTION_ONLY` and
-    :data:`OVERRIDDEN` model keys excluded): a unit records it, and a unit recorded under other settings runs again."""
-    settings = _load_yaml(config_path(task))
-    settings["model"] = {k: v for k, v in settings["model"].items() if k not in EXECUTION_ONLY + OVERRIDDEN}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def finished(path: Path, task: str, steps: int | None = None) -> dict | None:
-    """The record at ``path`` if it was made with ``task``'s config as it is now (and ``steps``), else None."""
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())
-    if record.get("config_sha") != config_sha(task) or (steps is not None and record.get("steps") != steps):
-        print(f"{path}: recorded with another config or step count; running it again", flush=True)
-        return None
-    return record
 
 
 def _load_yaml(path: Path) -> dict:
@@ -224,34 +174,6 @@ def measure_base(task: str, k: int, test_size: int | None, model: str | None, hf
     }
 
 
-def base_unit(
-    task: str, k: int, test_size: int | None, model: str | None, quick: bool, work_dir: Path, reuse: bool, may_run: bool
-) -> tuple[dict | None, bool]:
-    """The base model's pass@k on ``task``: read back (with ``reuse``), else measured in a worker process if
-    ``may_run``, else ``(None, False)``."""
-    out = work_dir / f"base_{task}" / BASE_FILE
-    if reuse and (record := finished(out, task)):
-        return record, False
-    if not may_run:
-        return None, False
-    args = ["--worker-base", task, "--pass-k", str(k)]
-    args += ["--test-size", str(test_size)] if test_size else []
-    args += ["--model", model] if model else []
-    args += ["--quick"] if quick else []
-    load_before = load_average()
-    row, why = run_worker(Path(__file__), args, work_dir / f"base_{task}" / "worker.json", timeout=3600)
-    if row is None:
-        return {"task": task, "ok": False, "error": why}, True
-    row.update(ok=True, config_sha=config_sha(task), load_before=load_before, load_after=load_average())
-    out.write_text(json.dumps(row, indent=2))
-    print(
-        f"base {task}: greedy {row['greedy_pass1']:.3f}, sampled pass@1 {row['sampled_pass_at']['1']:.3f}, "
-        f"pass@{k} {row['sampled_pass_at'][str(k)]:.3f}, majority {row['majority_baseline']:.3f}",
-        flush=True,
-    )
-    return row, True
-
-
 # ------------------------------------------------------------------ RL runs
 def _answer_stats(log_dir: Path) -> dict | None:
     path = log_dir / ANSWERS_FILE
@@ -270,71 +192,10 @@ def _answer_stats(log_dir: Path) -> dict | None:
     return out
 
 
-def run_unit(
-    task: str,
-    row: str,
-    lr: float,
-    seed: int,
-    steps: int,
-    extra: list[str],
-    work_dir: Path,
-    tag: str,
-) -> tuple[dict, bool]:
-    """One ``logra fit`` of ``task`` with ``row`` at ``lr``; ``_unit`` reads back finished ones."""
-    log_dir = _run_dir(work_dir, tag, task, row, lr, seed)
-    name = log_dir.parent.name
-    args = [
-        "--trainer.max_steps",
-        str(steps),
-        "--trainer.val_check_interval",
-        str(steps),
-        "--seed_everything",
-        str(seed),
-        "--data.seed",
-        str(seed),
-        *extra,
-        *row_args(row, lr),
-    ]
-    config = config_path(task)
-    callbacks = [c for c in config_callbacks(config, drop=("ModelCheckpoint", "MemoryMonitor"))]
-    callbacks += [
-        {"class_path": "benchmarks.trainer_memory.TrainerPeakMemory"},
-        {"class_path": "benchmarks.held_out_answers.HeldOutAnswers"},
-    ]
-    res = logra_fit(name, config, args, callbacks=callbacks, work_dir=work_dir, timeout=3 * 3600)
-    run = {"task": task, "row": row, "lr": lr, "seed": seed, "steps": steps, "config_sha": config_sha(task)}
-    run.update(
-        ok=res["ok"],
-        seconds=res["seconds"],
-        load_before=res["load_before"],
-        load_after=res["load_after"],
-        command=res["command"],
-    )
-    if res["ok"] and (log_dir / MEMORY_FILE).is_file():
-        run = _from_logs(run, log_dir)
-        run["answers"] = _answer_stats(log_dir)
-        run["train_seconds"] = res["summary"].get("train_seconds")
-        (log_dir / RUN_FILE).write_text(json.dumps(run, indent=2))
-    else:
-        run.update(ok=False, error=res.get("error") or f"no {MEMORY_FILE} in {log_dir}")
-    print(
-        f"{name}: "
-        + (
-            f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}, training memory "
-            f"{run['memory']['train_memory_bytes'] / 1e6:.0f} MB, {run['step_seconds_median']:.0f} s/step "
-            f"({run['seconds']:.0f} s)"
-            if run["ok"]
-            else f"FAILED {run['error'][-300:]}"
-        ),
-        flush=True,
-    )
-    return run, True
-
-
 def pick_by_validation(sweep_runs: list[dict]) -> dict[str, dict]:
     """Per row: each swept lr's validation accuracy after the run, and the lr with the highest one.
 
-    Ties go to the higher late training reward (:func:`benchmarks.reasoning_tasks.pick_lrs`'s score).
+    Ties go to the higher late training reward (:func:`benchmarks.rl_table.pick_lrs`'s score).
 
     >>> runs = [{"row": "adamw", "lr": lr, "ok": True, "accuracy_after": a, "late_reward": r}
     ...         for lr, a, r in ((1e-5, 0.3, 0.1), (3e-5, 0.3, 0.2), (1e-4, 0.1, 0.5))]
@@ -350,7 +211,6 @@ def pick_by_validation(sweep_runs: list[dict]) -> dict[str, dict]:
     return out
 
 
-# ------------------------------------------------------------------ summary
 # A run whose held-out answers after RL are at least this share one answer has learned a constant, not the task
 # (gcd's `1` is right on 53% of its problems): a task where any row did so is left out of the targets.
 COLLAPSE_SHARE = 0.9
@@ -424,31 +284,6 @@ def _targets(ok: list[dict]) -> dict:
     return targets
 
 
-def table_summary(runs: list[dict], rows: list[str], tasks: list[str], base: dict) -> dict:
-    """The issue's ``summary``: per row, averages over tasks and seeds; plus per-task detail and the targets.
-
-    ``rows`` averages every finished run; the targets leave out :func:`collapsed_tasks` (and ``rows_excluding_
-    collapsed`` averages the rest), and compare LoGRA with AdamW only where both ran.
-    """
-    detail = summarize(runs, rows)
-    ok = [r for r in runs if r["ok"]]
-    collapsed = collapsed_tasks(ok)
-    kept = [r for r in ok if r["task"] not in collapsed]
-    by_row = lambda got: {row: _row_means(g) for row in rows if (g := [r for r in got if r["row"] == row])}  # noqa: E731
-    base_rows = {t: {k: v for k, v in b.items() if k != "examples"} for t, b in base.items() if b.get("ok")}
-    return {
-        "model": f"{MODEL} ({WEIGHTS})",
-        "tasks": tasks,
-        "rows": by_row(ok),
-        "collapsed_tasks": collapsed,
-        "rows_excluding_collapsed": by_row(kept),
-        "targets": _targets(kept),
-        "base": base_rows,
-        "per_task": detail["per_task"],
-        "average": detail["average"],
-    }
-
-
 def compared_rows(summary: dict) -> dict:
     """The row averages a reader compares: without :func:`collapsed_tasks` when there are any (the all-task
     average would mix in an answer's share; ``summary["rows"]`` still has it)."""
@@ -461,411 +296,223 @@ def off_baseline(rows: dict) -> set[str]:
     return {name for name, a in rows.items() if a["tasks"] != every}
 
 
-# ------------------------------------------------------------------ main
-def _parse_lrs(items: list[str] | None) -> dict[str, float]:
-    out = {}
-    for item in items or []:
-        row, _, value = item.partition("=")
-        if row not in ROWS or not value:
-            raise SystemExit(f"--lr {item!r}: use ROW=VALUE with ROW one of {', '.join(ROWS)}")
-        out[row] = float(value)
-    return out
+def _top_answers(rows: list[dict]) -> dict:
+    """(task, row) -> the most common held-out answer after RL and its share, per seed (table runs only)."""
+    top: dict = {}
+    for r in rows:
+        if r["ok"] and "/seed" in r["name"] and (after := _answers_after(r)):
+            top.setdefault((r["task"], r["row"]), []).append(
+                f"`{after['top_answer']}` {_pct(after['top_answer_share'])}"
+            )
+    return top
 
 
-def _quick_model(work_dir: Path) -> str:
-    from logra_lightning.models import TinyModelConfig, build_tiny_model
-
-    return build_tiny_model(work_dir / "quick_model", TinyModelConfig(num_layers=1, max_position_embeddings=512))
-
-
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny random policy, HF engine, 2 steps, 1 seed (CI smoke)")
-    ap.add_argument(
-        "--tasks", nargs="*", default=list(TASKS), help=f"subset of configs/smollm2_<task>.yaml (default {TASKS})"
-    )
-    ap.add_argument("--rows", nargs="*", default=list(ROWS), help=f"subset of {ROWS}")
-    ap.add_argument("--seeds", type=int, nargs="*", default=None)
-    ap.add_argument(
-        "--later-seed-tasks",
-        nargs="*",
-        default=None,
-        help=f"tasks that run the seeds after the first (default {FULL['later_seed_tasks']}; none given: every task)",
-    )
-    ap.add_argument("--steps", type=int, default=None, help=f"RL steps per run (default {FULL['steps']})")
-    ap.add_argument(
-        "--sweep-steps", type=int, default=None, help=f"steps per sweep run (default {FULL['sweep_steps']})"
-    )
-    ap.add_argument("--sweep-task", default=None, help=f"task of the lr sweep (default {FULL['sweep_task']})")
-    ap.add_argument("--lr", nargs="*", default=None, help="ROW=LR: skip the sweep for that row, e.g. adamw=1e-5")
-    ap.add_argument("--model", default=None, help=f"policy of every run instead of the configs' {MODEL}")
-    ap.add_argument("--test-size", type=int, default=None, help="held-out prompts per task (default: the configs')")
-    ap.add_argument(
-        "--pass-k", type=int, default=None, help=f"samples per prompt of the base pass@k (default {FULL['pass_k']})"
-    )
-    ap.add_argument("--reuse", action="store_true", help="read back units already finished in --work-dir")
-    ap.add_argument(
-        "--max-runs", type=int, default=None, help="run at most this many new units, then write the table so far"
-    )
-    ap.add_argument(
-        "--out", default=None, help="results JSON (default benchmarks/results/real_model_tasks[_quick].json)"
-    )
-    ap.add_argument("--work-dir", default=str(WORK_DIR / "real_model_tasks"), help="logs and records of the units")
-    ap.add_argument("--worker-base", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    mode = QUICK if args.quick else FULL
-    k = args.pass_k or mode["pass_k"]
-    test_size = args.test_size or mode["test_size"]
-    work_dir = Path(args.work_dir)
-    model = args.model or (_quick_model(work_dir) if args.quick else None)
-    if args.worker_base:
-        row = measure_base(args.worker_base, k, test_size, model, hf_engine=args.quick)
-        Path(args.worker_out).write_text(json.dumps(row))
-        return row
-    unknown = (set(args.tasks) - {p.stem[len("smollm2_") :] for p in CONFIGS.glob("smollm2_*.yaml")}) | (
-        set(args.rows) - set(ROWS)
-    )
-    if unknown or "adamw" not in args.rows:
-        raise SystemExit(
-            f"--tasks/--rows: unknown {sorted(unknown)} or no adamw row (the baseline of every comparison)"
-        )
-    steps, sweep_steps = args.steps or mode["steps"], args.sweep_steps or mode["sweep_steps"]
-    seeds = args.seeds if args.seeds is not None else mode["seeds"]
-    later = args.later_seed_tasks if args.later_seed_tasks is not None else mode["later_seed_tasks"]
-    later = later or None  # `--later-seed-tasks` with no task: every task runs every seed
-    sweep_task = args.sweep_task or (args.tasks[0] if args.quick else mode["sweep_task"])
-    fixed = _parse_lrs(args.lr)
-    extra: list[str] = []
-    if args.quick:
-        extra = [
-            "--model.engine",
-            "logra_lightning.rollout.HFEngineSpec",
-            "--model.max_new_tokens",
-            "4",
-            "--model.group_size",
-            "2",
-            "--model.torch_threads",
-            "1",
-            "--data.batch_size",
-            "2",
-        ]
-    if model:
-        extra += ["--model.model", model]
-    if test_size:
-        extra += ["--data.val.init_args.test_size", str(test_size), "--data.train.init_args.test_size", str(test_size)]
-    out = Path(args.out) if args.out else RESULTS / f"real_model_tasks{'_quick' if args.quick else ''}.json"
-    if args.reuse:
-        restore_units(out, work_dir)
-    why = lora_pending()
-    pending = {"lora": why} if why and "lora" in args.rows else {}
-    rows = [r for r in args.rows if r not in pending]
-    budget = args.max_runs if args.max_runs is not None else float("inf")
-    started, load_start, ran = time.time(), load_average(), 0
-
-    def spend() -> bool:
-        return ran < budget
-
-    base, missing = {}, []
-    for task in args.tasks:
-        record, new = base_unit(task, k, test_size, model, args.quick, work_dir, args.reuse, spend())
-        ran += new
-        if record is None:
-            missing.append(f"base {task}")
-        else:
-            base[task] = record
-    n_lrs = SWEEP_LR_COUNT["quick" if args.quick else "full"]
-    sweep_data = [
-        "--data.train.init_args.seed",
-        str(SWEEP_DATA_SEED),
-        "--data.val.init_args.seed",
-        str(SWEEP_DATA_SEED),
-    ]
-    sweep_runs = []
-    for row in rows:
-        for lr in SWEEP_LRS[row][:n_lrs] if row not in fixed else []:
-            unit = (sweep_task, row, lr, 0, sweep_steps, [*extra, *sweep_data], work_dir, "sweep_")
-            run, new = _unit(unit, args.reuse, spend())
-            ran += new
-            (sweep_runs.append(run) if run else missing.append(f"sweep {row} lr {lr:g}"))
-    sweep = pick_by_validation([r for r in sweep_runs if r["ok"]]) if sweep_runs else {}
-    lrs = {row: fixed.get(row, (sweep.get(row) or {}).get("lr")) for row in rows}
-    sweep_done = {row: sweep_finished(missing, row) for row in rows}
-    runs = []
-    for seed in seeds:
-        for task in args.tasks:
-            if seed != seeds[0] and later is not None and task not in later:
-                continue
-            for row in rows:
-                if lrs[row] is None or not sweep_done[row]:
-                    missing.append(f"{task} {row} seed {seed} (waiting for the sweep)")
-                    continue
-                run, new = _unit((task, row, lrs[row], seed, steps, extra, work_dir, ""), args.reuse, spend())
-                ran += new
-                (runs.append(run) if run else missing.append(f"{task} {row} seed {seed}"))
-    result = {
-        "command": "python -m benchmarks.real_model_tasks " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_info(),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "wall_seconds": round(time.time() - started, 1),
-        "complete": not missing,
-        "missing": missing,
-        "settings": {
-            "model": model or MODEL,
-            "weights": WEIGHTS if not model else model,
-            "tasks": args.tasks,
-            "configs": [str(config_path(t).relative_to(CONFIGS.parent)) for t in args.tasks],
-            "rows": args.rows,
-            "seeds": seeds,
-            "later_seed_tasks": later,
-            "steps": steps,
-            "rank": RANK,
-            "pass_k": k,
-            "held_out_prompts": test_size,
-            "sweep": {
-                "task": sweep_task,
-                "steps": sweep_steps,
-                "seed": 0,
-                "data_seed": SWEEP_DATA_SEED,
-                "fixed": fixed,
-                "lrs": {row: SWEEP_LRS[row][:n_lrs] for row in rows if row not in fixed},
-            },
-            "lrs": lrs,
-            "row_args": {row: row_args(row, lrs[row] or 0.0) for row in rows},
-            "pending": pending,
-            "quick": args.quick,
-            "paper_reduction": PAPER_REDUCTION,
-            "targets": TARGETS,
-        },
-        "sweep": sweep,
-        "summary": table_summary(runs, rows, args.tasks, base),
-        "base": base,
-        "sweep_runs": sweep_runs,
-        "runs": runs,
-    }
-    write_result(out, result)
-    if runs:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig = plot(result, plt)
-        fig.tight_layout()
-        fig.savefig(out.with_suffix(".png"), dpi=110)
-        plt.close(fig)
-    return result
-
-
-def sweep_finished(missing: list[str], row: str) -> bool:
-    """Whether no sweep unit of ``row`` is among ``missing`` (a row with a fixed ``--lr`` has none).
-
-    >>> missing = ["sweep lora lr 0.0001", "gcd adamw seed 0"]
-    >>> sweep_finished(missing, "adamw"), sweep_finished(missing, "lora")
-    (True, False)
-    """
-    return not any(m.startswith(f"sweep {row} ") for m in missing)
-
-
-def _run_dir(work_dir: Path, tag: str, task: str, row: str, lr: float, seed: int) -> Path:
-    return work_dir / f"{tag}{task}_{row}_lr{lr:g}_seed{seed}" / "version_0"
-
-
-def restore_units(results: Path, work_dir: Path) -> int:
-    """Write the finished units recorded in ``results`` back into ``work_dir`` where it lacks them.
-
-    The work directory is git-ignored; the results file is committed after every sitting. So a fresh clone
-    resumes the table where the last sitting stopped instead of running hours of units again. Returns how many
-    units were restored.
-    """
-    if not results.is_file():
-        return 0
-    prev, restored = json.loads(results.read_text()), 0
-
-    def put(path: Path, record: dict) -> None:
-        nonlocal restored
-        if record.get("ok") and not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2))
-            restored += 1
-
-    for task, record in prev.get("base", {}).items():
-        put(work_dir / f"base_{task}" / BASE_FILE, record)
-    for tag, records in (("sweep_", prev.get("sweep_runs", [])), ("", prev.get("runs", []))):
-        for r in records:
-            put(_run_dir(work_dir, tag, r["task"], r["row"], r["lr"], r["seed"]) / RUN_FILE, r)
-    if restored:
-        print(f"restored {restored} finished units from {results} into {work_dir}", flush=True)
-    return restored
-
-
-def _unit(unit: tuple, reuse: bool, may_run: bool) -> tuple[dict | None, bool]:
-    """A run unit: read back if finished (with ``reuse``), run it if allowed, else ``(None, False)``."""
-    task, row, lr, seed, steps, extra, work_dir, tag = unit
-    if reuse and (record := finished(_run_dir(work_dir, tag, task, row, lr, seed) / RUN_FILE, task, steps)):
-        return record, False
-    if not may_run:
-        return None, False
-    return run_unit(*unit)
-
-
-# ------------------------------------------------------------------ report
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
 
-def section(res: dict) -> tuple[list[str], dict]:
-    """The README section (Markdown lines) of a results dict, and its summary for the headline."""
-    st, summ = res["settings"], res["summary"]
-    lrs = ", ".join(
-        f"{row} {lr:g}" + ("" if sweep_finished(res["missing"], row) else " (best so far; sweep not finished)")
-        for row, lr in st["lrs"].items()
-        if lr is not None
-    )
-    scores = "; ".join(
-        f"{row}: " + ", ".join(f"{lr} → {100 * v:.1f}%" for lr, v in s["validation_accuracy"].items())
-        for row, s in res.get("sweep", {}).items()
-    )
-    out = [
-        f"Policy: **{st['weights']}** (`{st['model']}`). Tasks: reasoning-gym "
-        + ", ".join(f"`{t}` ([config](../{c}))" for t, c in zip(st["tasks"], st["configs"]))
-        + f"; the full `logra fit` loop with the vLLM engine, {st['steps']} RL steps per run, seeds {st['seeds']}"
-        + (
-            f" (seeds after the first on {', '.join(st['later_seed_tasks'])} only: the whole grid twice does not fit "
-            "this machine), "
-            if st.get("later_seed_tasks") and len(st["seeds"]) > 1
-            else ", "
+BASE = [
+    Col("task", "task"),
+    Col("held-out prompts", "held_out_prompts"),
+    Col("greedy pass@1, %", lambda b: _pct(b["greedy_pass1"])),
+    Col("sampled pass@1, %", lambda b: _pct(b["sampled_pass_at"].get("1"))),
+    Col("pass@k, %", lambda b: _pct(b["sampled_pass_at"].get(str(b["k"])))),
+    Col("always the most common answer, %", lambda b: f"{_pct(b['majority_baseline'])} (`{b['majority_answer']}`)"),
+]
+TABLE = [
+    *(COLS[k] for k in ("task", "row")),
+    Col("held-out greedy acc. before, %", COLS["before"].value),
+    Col("after RL, %", COLS["after"].value),
+    Col("most common answer after RL (share, %)", lambda e: ", ".join(e["top"]) or "–"),
+    COLS["train"],
+    COLS["peak"],
+    COLS["train_vs"],
+    Col("s/step", "step_seconds_median", ".0f"),
+]
+AVERAGE = [  # the row averages under the same header
+    Col("task", "label"),
+    Col("row", "row"),
+    Col("before", "acc_before", ".1f"),
+    Col("after", lambda a: f"**{a['acc_after']:.1f}**"),
+    Col("", lambda a: ""),
+    Col("train", lambda a: f"**{a['training_memory_mb']:.0f}**"),
+    Col("peak", "peak_rss_mb", ".0f"),
+    Col("", lambda a: ""),
+    Col("s/step", "s_per_step", ".0f"),
+]
+
+
+@bench(
+    "real_model_tasks",
+    title="Real pretrained LLM: the paper's table on SmolLM2-135M-Instruct and reasoning-gym",
+    quick=[],
+)
+class RealModelTasks(RLTable):
+    tasks, model = TASKS, MODEL
+    sweep_lrs, full, quick = SWEEP_LRS, FULL, QUICK
+    sweep_data_seed = SWEEP_DATA_SEED
+    timeout = 3 * 3600
+
+    def config(self, task: str) -> Path:
+        return config_path(task)
+
+    def callbacks(self, task: str) -> list[dict]:
+        kept = config_callbacks(config_path(task), drop=("ModelCheckpoint", "MemoryMonitor"))
+        return kept + [
+            {"class_path": f"benchmarks.{m}"}
+            for m in ("trainer_memory.TrainerPeakMemory", "held_out_answers.HeldOutAnswers")
+        ]
+
+    def quick_model(self, work_dir: Path) -> str:
+        from logra_lightning.models import TinyModelConfig, build_tiny_model
+
+        return build_tiny_model(work_dir / "quick_model", TinyModelConfig(num_layers=1, max_position_embeddings=512))
+
+    def settings(self, args) -> dict:
+        st = super().settings(args)
+        k = PASS_K["quick" if args.quick else "full"]
+        configs = [str(config_path(t).relative_to(CONFIGS.parent)) for t in st["tasks"]]
+        return {
+            **st,
+            "weights": WEIGHTS if st["model"] == MODEL else st["model"],
+            "configs": configs,
+            "pass_k": k,
+            "targets": TARGETS,
+        }
+
+    def pick(self, sweep_runs: list[dict]) -> dict[str, dict]:
+        return pick_by_validation(sweep_runs)
+
+    def record(self, run: dict, log_dir: Path, res: dict) -> dict:
+        return {**run, "answers": _answer_stats(log_dir), "train_seconds": res["summary"].get("train_seconds")}
+
+    def extra_units(self, args, settings: dict, work_dir: Path, budget: list[int]) -> list[dict]:
+        """The base model's pass@k per task: read back (``--reuse``), measured in a worker process, or missing."""
+        rows = []
+        for task in settings["tasks"]:
+            path, name = work_dir / f"base_{task}" / BASE_FILE, f"base/{task}"
+            if args.reuse and (record := finished(path, config_path(task))):
+                rows.append({"name": name, "ok": True, "error": None, "metrics": record})
+            elif budget[0] > 0:
+                budget[0] -= 1
+                rows.append(self.isolated(name, args))
+                if rows[-1]["ok"]:
+                    rows[-1]["metrics"]["config_sha"] = config_sha(config_path(task))
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps(rows[-1]["metrics"], indent=2))
+            else:
+                rows.append({"name": name, "ok": False, "error": MISSING, "metrics": {"task": task}})
+        return rows
+
+    def measure(self, name: str, settings: dict) -> dict:
+        task = name.split("/")[1]
+        return measure_base(
+            task, settings["pass_k"], settings["held_out_prompts"], settings["model"], settings["quick"]
         )
-        + f"LoGRA/LoRA rank {st['rank']}. lr per row: {lrs or '–'} (sweep on {st['sweep']['task']}, "
-        f"{st['sweep']['steps']} steps, seed 0, validation accuracy after the run on problems of data seed "
-        f"{st['sweep'].get('data_seed', 1)}: {scores or 'not swept'}).",
-        "",
-        "Command: `python -m benchmarks.real_model_tasks --reuse` (every missing unit, one at a time; "
-        f"`--max-runs 1` runs one per call; {len(res['runs'])} runs recorded"
-        + ("" if res["complete"] else f"; **not complete**: {len(res['missing'])} units missing")
-        + f"). This file last written by `{res['command']}`.",
-        "",
-    ]
-    for row, why in st.get("pending", {}).items():
-        out += [f"Row `{row}`: {why}.", ""]
-    base_rows = []
-    for task, b in summ["base"].items():
-        at = b["sampled_pass_at"]
-        base_rows.append(
-            [
-                task,
-                str(b["held_out_prompts"]),
-                _pct(b["greedy_pass1"]),
-                _pct(at.get("1")),
-                _pct(at.get(str(b["k"]))),
-                f"{_pct(b['majority_baseline'])} (`{b['majority_answer']}`)",
-            ]
+
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        out = super().summarize(settings, rows)
+        runs = [flat(r) for r in rows if "/seed" in r["name"] and r["ok"]]
+        base = {
+            r["name"][5:]: {k: v for k, v in r["metrics"].items() if k != "examples"}
+            for r in rows
+            if r["name"].startswith("base/") and r["ok"]
+        }
+        return {**out, **table_summary(runs, settings["rows"], settings["tasks"]), "base": base}
+
+    def section(self, res: dict) -> list[str]:
+        """The base model, the per-task table with the row averages, the targets and the collapsed tasks."""
+        st, summ, rows = res["settings"], res["summary"], [flat(r) for r in res["rows"]]
+        waiting = {m.split("/")[2] for m in summ["missing"] if m.startswith("sweep/")}
+        lrs = ", ".join(
+            f"{row} {lr:g}" + (" (best so far; sweep not finished)" if row in waiting else "")
+            for row, lr in summ["lrs"].items()
+            if lr is not None
         )
-    if base_rows:
-        out += ["The base model on the held-out sets:", ""]
-        out += table(
-            [
-                "task",
-                "held-out prompts",
-                "greedy pass@1, %",
-                "sampled pass@1, %",
-                f"pass@{st['pass_k']}, %",
-                "always the most common answer, %",
-            ],
-            base_rows,
+        scores = "; ".join(
+            f"{row}: " + ", ".join(f"{lr} → {100 * v:.1f}%" for lr, v in s["validation_accuracy"].items())
+            for row, s in summ["sweep"].items()
         )
-        out += [""]
-    top = {}  # (task, row) -> the most common held-out answer after RL and its share, per seed
-    for r in res["runs"]:
-        after = _answers_after(r)
-        if r["ok"] and after:
-            top.setdefault((r["task"], r["row"]), []).append(
-                f"`{after['top_answer']}` {_pct(after['top_answer_share'])}"
-            )
-    rows = []
-    for task, per_row in summ["per_task"].items():
-        for row, e in per_row.items():
-            rows.append(
-                [
-                    task,
-                    row,
-                    _pm(e["accuracy_before"], 100),
-                    _pm(e["accuracy_after"], 100),
-                    ", ".join(top.get((task, row), [])) or "–",
-                    _pm(e["train_memory_bytes"], 1e-6, ".0f"),
-                    _pm(e["peak_rss_bytes"], 1e-6, ".0f"),
-                    _pm(e.get("train_memory_bytes_reduction_vs_adamw"), 100),
-                    f"{e['step_seconds_median']:.0f}",
-                ]
-            )
-    collapsed = summ.get("collapsed_tasks", [])
-    label = f"**average without {', '.join(collapsed)}**" if collapsed else "**average**"
-    row_means = compared_rows(summ)
-    off = off_baseline(row_means)
-    for row, a in row_means.items():
-        partial = f" (on {', '.join(a['tasks'])} only)" if row in off else ""
-        rows.append(
-            [
-                label,
-                row + partial,
-                f"{a['acc_before']:.1f}",
-                f"**{a['acc_after']:.1f}**",
-                "",
-                f"**{a['training_memory_mb']:.0f}**",
-                f"{a['peak_rss_mb']:.0f}",
-                "",
-                f"{a['s_per_step']:.0f}",
-            ]
+        later = st.get("later_seed_tasks") and len(st["seeds"]) > 1
+        seeds = (
+            f" (seeds after the first on {', '.join(st['later_seed_tasks'])} only: the whole grid twice does not "
+            "fit this machine)"
+            if later
+            else ""
         )
-    header = [
-        "task",
-        "row",
-        "held-out greedy acc. before, %",
-        "after RL, %",
-        "most common answer after RL (share, %)",
-        "training memory, MB",
-        "trainer peak RSS, MB",
-        "training memory vs AdamW, % lower",
-        "s/step",
-    ]
-    out += table(header, rows) if rows else ["No table run has finished yet."]
-    t = summ.get("targets", {})
-    over = lambda key: ", ".join(t[key].get("tasks", []))  # noqa: E731
-    lines = []
-    if "adamw_gain_points" in t:
-        lines.append(
-            f"AdamW's average RL gain {t['adamw_gain_points']['value']:+.1f} points (target ≥ +5; on "
-            f"{over('adamw_gain_points')})"
-        )
-    if "logra_vs_adamw_points" in t:
-        lines.append(
-            f"LoGRA after RL {t['logra_vs_adamw_points']['value']:+.1f} points vs AdamW (target ≥ −1; on "
-            f"{over('logra_vs_adamw_points')}, where both ran)"
-        )
-        lines.append(
-            f"LoGRA's training memory {t['logra_memory_ratio']['value']:.2f}× AdamW's (target ≤ 0.5×; paper: "
-            f"{100 * st['paper_reduction']:.1f}% lower)"
-        )
-    out += ["", "; ".join(lines) + "." if lines else "", ""]
-    if collapsed:
-        out += [
-            f"**Left out of the targets: {', '.join(collapsed)}** — a run there answers one value on at least "
-            f"{COLLAPSE_SHARE:.0%} of the held-out problems after RL (the most-common-answer column): it learned the "
-            "task's most common answer, not the task, and its accuracy is that answer's share.",
+        tasks = ", ".join(f"`{t}` ([config](../{c}))" for t, c in zip(st["tasks"], st["configs"]))
+        recorded = sum("/seed" in r["name"] and not is_missing(r) for r in rows)
+        out = [
+            f"Policy: **{st['weights']}** (`{st['model']}`). Tasks: reasoning-gym {tasks}; the full `logra fit` loop "
+            f"with the vLLM engine, {st['steps']} RL steps per run, seeds {st['seeds']}{seeds}, LoGRA/LoRA rank "
+            f"{st['rank']}. "
+            f"lr per row: {lrs or '–'} (sweep on {st['sweep']['task']}, {st['sweep']['steps']} steps, seed 0, "
+            f"validation accuracy after the run on problems of data seed {st['sweep'].get('data_seed', 1)}: "
+            f"{scores or 'not swept'}).",
+            "",
+            "Command: `python -m benchmarks.real_model_tasks --reuse` (every missing unit, one at a time; `--max-runs "
+            f"1` runs one per call; {recorded} runs recorded"
+            + ("" if summ["complete"] else f"; **not complete**: {len(summ['missing'])} units missing")
+            + f"). This file last written by `{res['envelope']['command']}`.",
             "",
         ]
-    out += [
-        "Values are mean ± std over seeds; the average rows average each task over its seeds, then the tasks. "
-        "Training memory is the trainer process's peak RSS minus its RSS before the policy was built (the vLLM "
-        "engine runs in processes of its own).",
-        "",
-    ]
-    return out, {**summ, "steps": st["steps"], "complete": res["complete"]}
+        out += [line for row, why in st.get("pending", {}).items() for line in (f"Row `{row}`: {why}.", "")]
+        if summ["base"]:
+            base = table(list(summ["base"].values()), BASE)
+            base[0] = base[0].replace("pass@k", f"pass@{st['pass_k']}")
+            out += ["The base model on the held-out sets:", "", *base, ""]
+        top = _top_answers(rows)
+        per_task = [
+            {"task": t, "row": row, "top": top.get((t, row), []), **e}
+            for t, per_row in summ["per_task"].items()
+            for row, e in per_row.items()
+        ]
+        collapsed = summ.get("collapsed_tasks", [])
+        label = f"**average without {', '.join(collapsed)}**" if collapsed else "**average**"
+        means = compared_rows(summ)
+        off = off_baseline(means)
+        average = [
+            {**a, "label": label, "row": row + (f" (on {', '.join(a['tasks'])} only)" if row in off else "")}
+            for row, a in means.items()
+        ]
+        out += table(per_task, TABLE) + table(average, AVERAGE)[2:] if per_task else ["No table run has finished yet."]
+        t = summ.get("targets", {})
+        over = lambda key: ", ".join(t[key].get("tasks", []))  # noqa: E731
+        lines = []
+        if "adamw_gain_points" in t:
+            gain = t["adamw_gain_points"]["value"]
+            lines.append(f"AdamW's average RL gain {gain:+.1f} points (target ≥ +5; on {over('adamw_gain_points')})")
+        if "logra_vs_adamw_points" in t:
+            diff, ratio = t["logra_vs_adamw_points"]["value"], t["logra_memory_ratio"]["value"]
+            where = over("logra_vs_adamw_points")
+            lines.append(f"LoGRA after RL {diff:+.1f} points vs AdamW (target ≥ −1; on {where}, where both ran)")
+            paper = f"paper: {100 * st['paper_reduction']:.1f}% lower"
+            lines.append(f"LoGRA's training memory {ratio:.2f}× AdamW's (target ≤ 0.5×; {paper})")
+        out += ["", "; ".join(lines) + "." if lines else "", ""]
+        if collapsed:
+            out += [
+                f"**Left out of the targets: {', '.join(collapsed)}** — a run there answers one value on at least "
+                f"{COLLAPSE_SHARE:.0%} of the held-out problems after RL (the most-common-answer column): it learned "
+                "the task's most common answer, not the task, and its accuracy is that answer's share.",
+                "",
+            ]
+        return out + [
+            "Values are mean ± std over seeds; the average rows average each task over its seeds, then the tasks. "
+            "Training memory is the trainer process's peak RSS minus its RSS before the policy was built (the vLLM "
+            "engine runs in processes of its own).",
+            "",
+        ]
+
+    def headline(self, results: dict[str, dict]) -> list[str]:
+        res = results.get("real_model_tasks")
+        return headline(res["summary"], res["settings"]["steps"]) if res else []
+
+    def plot(self, res: dict, plt):
+        return plot(res, plt)
 
 
-def headline(found: dict) -> list[str]:
-    got = found.get("real_model_tasks") or {}
+def headline(got: dict, steps: int) -> list[str]:
+    """The headline bullet from a summary: accuracy before and after RL per row, LoGRA's memory against AdamW's."""
     rows = compared_rows(got) if "rows" in got else {}
     if "adamw" not in rows or "logra" not in rows:
         return []
@@ -875,8 +522,7 @@ def headline(found: dict) -> list[str]:
     left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""
     lora = rows["lora"] if "lora" in rows and "lora" not in off_baseline(rows) else None
     return [
-        f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {got['steps']} RL steps, "
-        "vLLM): "
+        f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {steps} RL steps, vLLM): "
         f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%"
         + (f", LoRA r{RANK} {lora['acc_after']:.1f}% ({lora['training_memory_mb']:.0f} MB)" if lora else "")
         + f"; LoGRA's training memory {lo['training_memory_mb']:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
@@ -885,49 +531,39 @@ def headline(found: dict) -> list[str]:
     ]
 
 
+def table_summary(runs: list[dict], rows: list[str], tasks: list[str]) -> dict:
+    """Per row, averages over tasks and seeds (``rows``), without :func:`collapsed_tasks` (``rows_excluding_
+    collapsed``), and the targets, which leave the collapsed tasks out and compare LoGRA with AdamW where both ran."""
+    ok = [r for r in runs if r["ok"]]
+    collapsed = collapsed_tasks(ok)
+    kept = [r for r in ok if r["task"] not in collapsed]
+    by_row = lambda got: {row: _row_means(g) for row in rows if (g := [r for r in got if r["row"] == row])}  # noqa: E731
+    return {
+        "model": f"{MODEL} ({WEIGHTS})",
+        "tasks": tasks,
+        "rows": by_row(ok),
+        "collapsed_tasks": collapsed,
+        "rows_excluding_collapsed": by_row(kept),
+        "targets": _targets(kept),
+    }
+
+
 def plot(res: dict, plt):
-    """Held-out accuracy before/after RL per task and row, and training memory per row."""
-    per_task = res["summary"]["per_task"]
-    tasks = list(per_task)
-    rows = list(dict.fromkeys(row for t in tasks for row in per_task[t]))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
-    width = 0.8 / max(len(rows), 1)
-    for i, row in enumerate(rows):
-        xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(tasks))]
-        after = [per_task[t].get(row, {}).get("accuracy_after") for t in tasks]
-        axes[0].bar(
-            xs,
-            [100 * v["mean"] if v else 0 for v in after],
-            width,
-            yerr=[100 * v["std"] if v else 0 for v in after],
-            label=f"{row} after RL",
-            color=f"C{i}",
-            capsize=3,
-        )
-        mem = [per_task[t].get(row, {}).get("train_memory_bytes") for t in tasks]
-        axes[1].bar(xs, [v["mean"] / 1e6 if v else 0 for v in mem], width, label=row, color=f"C{i}")
-    before = [100 * per_task[t]["adamw"]["accuracy_before"]["mean"] if "adamw" in per_task[t] else 0 for t in tasks]
-    axes[0].scatter(range(len(tasks)), before, marker="_", s=700, color="k", label="before RL", zorder=3)
-    base = res["summary"].get("base", {})
+    """Held-out accuracy after RL (and before, and the base model's pass@k) and training memory per task and row."""
+    st, base = res["settings"], res["summary"].get("base", {})
+    ran = sorted({r["metrics"]["seed"] for r in res["rows"] if "/seed" in r["name"] and r["ok"]})
+    panels = [
+        ("accuracy_after", 100, "held-out greedy accuracy after RL (%)"),
+        ("train_memory_bytes", 1e-6, "training memory (MB): trainer peak RSS - RSS before the model"),
+    ]
+    title = f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}"
+    fig, axes = task_bars(res, plt, panels, title)
+    tasks = list(res["summary"]["per_task"])
     passk = [100 * base[t]["sampled_pass_at"].get(str(base[t]["k"]), 0) if t in base else 0 for t in tasks]
-    axes[0].scatter(range(len(tasks)), passk, marker="x", color="k", label=f"base pass@{res['settings']['pass_k']}")
-    axes[0].set_title("held-out greedy accuracy (%)", fontsize=9)
-    axes[1].set_title("training memory (MB): trainer peak RSS - RSS before the model", fontsize=9)
-    for ax in axes:
-        ax.set_xticks(range(len(tasks)), tasks)
-        ax.legend(fontsize=7)
-    st = res["settings"]
-    ran = sorted({r["seed"] for r in res["runs"]})
-    fig.suptitle(f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}", fontsize=10)
+    axes[0].scatter(range(len(tasks)), passk, marker="x", color="k", label=f"base pass@{st['pass_k']}")
+    axes[0].legend(fontsize=7)
     return fig
 
 
-REPORTS = {
-    "real_model_tasks": Report(
-        "Real pretrained LLM: the paper's table on SmolLM2-135M-Instruct and reasoning-gym", section, plot, headline
-    )
-}
-
-
 if __name__ == "__main__":
-    main()
+    main(RealModelTasks)

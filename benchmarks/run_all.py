@@ -1,12 +1,15 @@
-"""Run the whole benchmark suite, then the plots and the README (``make bench``).
+"""Run every registered benchmark, then the plots and the README (``make bench``, ``make bench-full``).
 
-    .venv/bin/python -m benchmarks.run_all                      # full sizes (see benchmarks/README.md for times)
-    .venv/bin/python -m benchmarks.run_all --quick              # every script's --quick mode (CI smoke, minutes)
-    .venv/bin/python -m benchmarks.run_all --only quality --rl-args --lr 3e-5 --steps 300
+    .venv/bin/python -m benchmarks.run_all --quick              # every benchmark's smoke run (minutes each)
+    .venv/bin/python -m benchmarks.run_all                      # the full runs behind the README (hours)
+    .venv/bin/python -m benchmarks.run_all --only quality kl_control
 
-Scripts run one after another (each already isolates its own rows in subprocesses); a failing
-script is reported and the rest still run; the exit code is non-zero if any failed. Run the
-full suite on a quiet machine: the timing columns are only as good as the load allows.
+The list is :func:`benchmarks.harness.registry`. A quick run checks that each benchmark still works
+(results under ``.cache/bench_quick/``, never committed); the full runs are those of the committed
+results whose entry declares ``full`` arguments (the others were recorded by their own commands,
+kept in each result's envelope). A failing benchmark is reported and the rest still run; the exit
+code is non-zero if any failed. Run the full suite on a quiet machine: timings are only as good as
+the load allows.
 """
 
 from __future__ import annotations
@@ -17,73 +20,40 @@ import sys
 import time
 
 from benchmarks.common import ROOT, load_average
+from benchmarks.harness import registry
 
-SCRIPTS = [
-    "optimizer_memory",
-    "optimizer_step_time",
-    "plan_vs_measured",
-    "sync_cost",
-    "quality",
-    "kl_control",
-    "trl_grpo",
-    "architectures",
-    "reasoning_tasks",
-]
-# name -> (script, arguments of the full run); a name missing from QUICK_SCRIPTS has no --quick mode of its own
-FULL_ARGS = {
-    "optimizer_step_time": (
-        "optimizer_memory",
-        [
-            "--sizes",
-            "100m",
-            "--rows",
-            "adamw",
-            "logra",
-            "--repeat",
-            "3",
-            "--out",
-            "benchmarks/results/optimizer_step_time.json",
-        ],
-    ),
-    # the RL benchmarks at 100 steps (the configs' max_steps is 200): 3 seeds each within the budget
-    **{name: (name, ["--steps", "100"]) for name in ("quality", "kl_control", "trl_grpo")},
-}
-QUICK_SKIP = ("optimizer_step_time",)
-RL_SCRIPTS = ("quality", "kl_control", "trl_grpo")
+
+def commands(quick: bool, only: list[str] | None = None) -> dict[str, list[str]]:
+    """``{results name: argv}`` of the runs, in README order (quick: one run per benchmark module)."""
+    out, seen = {}, set()
+    for name, e in registry().items():
+        if (only and name not in only) or (not quick and e.full is None):
+            continue
+        if quick and (e.quick is None or e.module in seen):
+            continue
+        seen.add(e.module)
+        out[name] = [sys.executable, "-m", f"benchmarks.{e.module}", *(["--quick", *e.quick] if quick else e.full)]
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="run each script's --quick mode")
-    ap.add_argument("--only", nargs="*", default=None, help=f"subset of {SCRIPTS}")
-    ap.add_argument(
-        "--rl-args",
-        nargs=argparse.REMAINDER,
-        default=[],
-        help="extra arguments for the RL benchmarks (quality, kl_control, trl_grpo), e.g. --lr 3e-5 --steps 300",
-    )
+    ap.add_argument("--quick", action="store_true", help="each benchmark's smoke run")
+    ap.add_argument("--only", nargs="*", default=None, help="results names (default: all registered)")
     args = ap.parse_args(argv)
-    scripts = args.only or SCRIPTS
-    unknown = set(scripts) - set(SCRIPTS)
+    unknown = set(args.only or ()) - set(registry())
     if unknown:
-        raise SystemExit(f"unknown --only {sorted(unknown)} (allowed: {', '.join(SCRIPTS)})")
+        raise SystemExit(f"unknown --only {sorted(unknown)} (allowed: {', '.join(registry())})")
     status = {}
-    for name in scripts:
-        if args.quick and name in QUICK_SKIP:
-            continue
-        script, extra = FULL_ARGS.get(name, (name, []))
-        cmd = [sys.executable, "-m", f"benchmarks.{script}"] + (["--quick"] if args.quick else extra)
-        cmd += args.rl_args if name in RL_SCRIPTS else []
+    for name, cmd in commands(args.quick, args.only).items():
         print(f"== {' '.join(cmd[1:])}  (load {load_average()})", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        status[name] = (rc, time.perf_counter() - t0)
+        status[name] = (subprocess.run(cmd, cwd=ROOT).returncode, time.perf_counter() - t0)
     for tail in ("plots", "make_readme"):
-        cmd = [sys.executable, "-m", f"benchmarks.{tail}"] + (["--quick"] if args.quick else [])
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
-        status[tail] = (rc, 0.0)
+        cmd = [sys.executable, "-m", f"benchmarks.{tail}", *(["--quick"] if args.quick else [])]
+        status[tail] = (subprocess.run(cmd, cwd=ROOT).returncode, 0.0)
     for name, (rc, seconds) in status.items():
-        print(f"{name:18s} {'ok' if rc == 0 else f'FAILED (exit {rc})':18s} {seconds:7.0f} s")
+        print(f"{name:20s} {'ok' if rc == 0 else f'FAILED (exit {rc})':18s} {seconds:7.0f} s")
     return int(any(rc != 0 for rc, _ in status.values()))
 
 

@@ -17,19 +17,16 @@ Run (about 10 min on 2 cores):
    (the next batch sampled while this one trains; ``tis_cap`` 2): median ``perf/step_seconds`` of each.
    Trainer and server share the same 2 cores here, so overlap can hardly pay; on separate devices it can.
 
-Result: ``benchmarks/results/server_engine[_quick].json`` with ``summary`` = ``{"syncs", "drift_max",
+Result: ``benchmarks/results/server_engine.json`` with ``summary`` = ``{"syncs", "drift_max",
 "bytes_per_sync_lowrank", "bytes_per_sync_full", "restart_recovered"}``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -37,16 +34,13 @@ import lightning as L
 
 from benchmarks.common import (
     CONFIGS,
-    RESULTS,
     ROOT,
     WORK_DIR,
     config_callbacks,
-    load_average,
     logra_fit,
-    machine_info,
-    write_result,
 )
-from benchmarks.report import Report, command_head, num, table
+from benchmarks.harness import Benchmark, bench, flat, main
+from benchmarks.report import Col, command_head, num, table
 
 CONFIG = CONFIGS / "arithmetic_tiny_server.yaml"
 MODEL = "builtin:arithmetic-tiny"
@@ -133,155 +127,130 @@ def sync_summary(run: dict) -> dict:
     }
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--restart-at", type=int, default=None)
-    ap.add_argument("--throughput-steps", type=int, default=None, help="0: skip the throughput runs")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--work-dir", default=str(WORK_DIR / "server_engine"))
-    args = ap.parse_args(argv)
-    budget = QUICK if args.quick else FULL
-    steps = args.steps or budget["steps"]
-    restart_at = args.restart_at if args.restart_at is not None else budget["restart_at"]
-    tp_steps = args.throughput_steps if args.throughput_steps is not None else budget["throughput_steps"]
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    pid_file, server_log = str(work / "server.pid"), str(work / "server.log")
-    Path(server_log).unlink(missing_ok=True)
-    t0, load_start = time.perf_counter(), load_average()
+@bench("server_engine", title="Engine in a separate vLLM server", quick=[])
+class ServerEngine(Benchmark):
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--steps", type=int, default=None)
+        ap.add_argument("--restart-at", type=int, default=None)
+        ap.add_argument("--throughput-steps", type=int, default=None, help="0: skip the throughput runs")
+        ap.add_argument("--work-dir", default=str(WORK_DIR / "server_engine"))
 
-    from logra_lightning.rollout.vllm.client import ServerClient
-
-    start_server(port, pid_file, server_log)
-    server_start = ServerClient(url).wait_until_up(600)
-    callbacks = config_callbacks(CONFIG) + [
-        {
-            "class_path": "benchmarks.server_engine.RestartServer",
-            "init_args": {"pid_file": pid_file, "port": port, "at_step": restart_at, "log_path": server_log},
+    def settings(self, args) -> dict:
+        budget = QUICK if args.quick else FULL
+        return {
+            "config": str(CONFIG.relative_to(ROOT)),
+            "steps": args.steps or budget["steps"],
+            "restart_at": args.restart_at if args.restart_at is not None else budget["restart_at"],
+            "throughput_steps": args.throughput_steps
+            if args.throughput_steps is not None
+            else budget["throughput_steps"],
+            "drift_target": DRIFT_TARGET,
         }
-    ]
-    common = ["--model.engine.init_args.url", url, "--trainer.max_steps"]
-    try:
-        main_run = logra_fit(
-            "demo_restart",
-            CONFIG,
-            [*common, str(steps), "--trainer.val_check_interval", str(steps)],
-            callbacks=callbacks,
-            work_dir=work,
-        )
-        runs = {"demo_restart": main_run}
-        if tp_steps:
-            for name, extra in (
-                ("on_policy", []),
-                ("off_policy", ["--model.off_policy_steps", "1", "--model.tis_cap", "2.0"]),
-            ):
-                runs[name] = logra_fit(
-                    name,
-                    CONFIG,
-                    [*common, str(tp_steps), "--trainer.val_check_interval", str(tp_steps), *extra],
-                    callbacks=config_callbacks(CONFIG) + [{"class_path": "benchmarks.server_engine.BatchClock"}],
-                    work_dir=work,
-                )
-    finally:
-        kill_group(int(Path(pid_file).read_text()))
-    rows = {}
-    for name, run in runs.items():
-        rows[name] = {k: v for k, v in run.items() if k != "scalars"}
-        if run.get("ok"):
-            rows[name]["sync"] = sync_summary(run)
-            if name != "demo_restart":
-                lags = _values(run["scalars"], "rollout/policy_lag")
-                rows[name]["policy_lag"] = {"mean": statistics.mean(lags), "max": max(lags)} if lags else None
-                walls = _values(run["scalars"], "bench/batch_wall")[1:]  # from the second step on
-                rows[name]["batch_wall_median"] = statistics.median(walls) if walls else None
-    main_sync = rows["demo_restart"].get("sync", {})
-    drift_after = [v for s, v in main_run.get("scalars", {}).get("sync/logprob_abs_diff_max", []) if s > restart_at]
-    recovered = bool(
-        main_run.get("ok")
-        and main_sync.get("recoveries", 0) >= 1
-        and main_sync.get("syncs") == steps
-        and drift_after
-        and max(drift_after) <= DRIFT_TARGET
-    )
-    res = {
-        "command": "python -m benchmarks.server_engine" + (" " + " ".join(argv) if argv else ""),
-        "wall_seconds": round(time.perf_counter() - t0, 1),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "machine": machine_info(),
-        "config": str(CONFIG.relative_to(ROOT)),
-        "steps": steps,
-        "restart_at": restart_at,
-        "server_start_seconds": round(server_start, 1),
-        "drift_target": DRIFT_TARGET,
-        "summary": {
-            "syncs": main_sync.get("syncs"),
-            "drift_max": main_sync.get("drift_max"),
-            "bytes_per_sync_lowrank": main_sync.get("bytes_per_sync_lowrank"),
-            "bytes_per_sync_full": main_sync.get("bytes_per_sync_full"),
-            "restart_recovered": recovered,
-        },
-        "runs": rows,
-    }
-    out = Path(args.out) if args.out else RESULTS / f"server_engine{'_quick' if args.quick else ''}.json"
-    write_result(out, res)
-    print(json.dumps(res["summary"], indent=2))
-    return res
 
+    def run(self, args, st: dict) -> list[dict]:
+        steps, restart_at, tp_steps = st["steps"], st["restart_at"], st["throughput_steps"]
+        work = Path(args.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        pid_file, server_log = str(work / "server.pid"), str(work / "server.log")
+        Path(server_log).unlink(missing_ok=True)
 
-# ------------------------------------------------------------------ report
-def section(res: dict) -> tuple[list[str], dict]:
-    s, runs = res["summary"], res["runs"]
-    demo = runs["demo_restart"]
-    acc = (demo.get("summary") or {}) if demo.get("ok") else {}
-    out = [
-        command_head(res) + f" The demo config (`{res['config']}`) with its engine in a `logra serve` process on the "
-        f"same machine (server start {res['server_start_seconds']:.0f} s); the server was killed and restarted after "
-        f"step {res['restart_at']}.",
-        "",
-        *table(
-            ["low-rank syncs", "bytes per low-rank sync", "full sync", "drift max", "restart recovered", "accuracy"],
-            [
-                [
-                    str(s["syncs"]),
-                    f"{num((s['bytes_per_sync_lowrank'] or 0) / 1e3, '.1f')} kB",
-                    f"{num((s['bytes_per_sync_full'] or 0) / 1e6, '.2f')} MB",
-                    num(s["drift_max"], ".1e"),
-                    "yes" if s["restart_recovered"] else "**no**",
-                    f"{num(acc.get('accuracy_before'), '.3f')} -> {num(acc.get('accuracy_after'), '.3f')}",
-                ]
-            ],
-        ),
-        "",
-    ]
-    tp = [(n, runs[n]) for n in ("on_policy", "off_policy") if n in runs and runs[n].get("ok")]
-    if tp:
-        rows = [
-            [
-                name.replace("_", "-"),
-                num(r.get("batch_wall_median"), ".3f"),
-                num(r["sync"]["step_seconds_median"], ".3f"),
-                num(r["sync"]["sync_seconds_median"], ".3f"),
-                num((r.get("policy_lag") or {}).get("mean"), ".2f"),
-            ]
-            for name, r in tp
+        from logra_lightning.rollout.vllm.client import ServerClient
+
+        start_server(port, pid_file, server_log)
+        st["server_start_seconds"] = round(ServerClient(url).wait_until_up(600), 1)
+        restart = {"pid_file": pid_file, "port": port, "at_step": restart_at, "log_path": server_log}
+        callbacks = config_callbacks(CONFIG) + [
+            {"class_path": "benchmarks.server_engine.RestartServer", "init_args": restart}
         ]
-        out += [
+        common = ["--model.engine.init_args.url", url, "--trainer.max_steps"]
+        try:
+            budget = [*common, str(steps), "--trainer.val_check_interval", str(steps)]
+            runs = {"demo_restart": logra_fit("demo_restart", CONFIG, budget, callbacks=callbacks, work_dir=work)}
+            clock = config_callbacks(CONFIG) + [{"class_path": "benchmarks.server_engine.BatchClock"}]
+            off = ["--model.off_policy_steps", "1", "--model.tis_cap", "2.0"]
+            for name, extra in (("on_policy", []), ("off_policy", off)) if tp_steps else ():
+                budget = [*common, str(tp_steps), "--trainer.val_check_interval", str(tp_steps), *extra]
+                runs[name] = logra_fit(name, CONFIG, budget, callbacks=clock, work_dir=work)
+        finally:
+            kill_group(int(Path(pid_file).read_text()))
+        rows = []
+        for name, run in runs.items():
+            m = {k: v for k, v in run.items() if k not in ("scalars", "ok", "error")}
+            if run.get("ok"):
+                m["sync"] = sync_summary(run)
+                if name != "demo_restart":
+                    lags = _values(run["scalars"], "rollout/policy_lag")
+                    m["policy_lag"] = {"mean": statistics.mean(lags), "max": max(lags)} if lags else None
+                    walls = _values(run["scalars"], "bench/batch_wall")[1:]  # from the second step on
+                    m["batch_wall_median"] = statistics.median(walls) if walls else None
+            if name == "demo_restart":
+                scalars = run.get("scalars", {}).get("sync/logprob_abs_diff_max", [])
+                m["drift_after_restart"] = [v for s, v in scalars if s > restart_at]
+            rows.append({"name": name, "ok": run.get("ok", False), "error": run.get("error"), "metrics": m})
+        return rows
+
+    def summarize(self, st: dict, rows: list[dict]) -> dict:
+        demo = rows[0]
+        sync, after = demo["metrics"].get("sync", {}), demo["metrics"].get("drift_after_restart")
+        recovered = bool(
+            demo["ok"]
+            and sync.get("recoveries", 0) >= 1
+            and sync.get("syncs") == st["steps"]
+            and after
+            and max(after) <= DRIFT_TARGET
+        )
+        keys = ("syncs", "drift_max", "bytes_per_sync_lowrank", "bytes_per_sync_full")
+        return {**{k: sync.get(k) for k in keys}, "restart_recovered": recovered}
+
+    def section(self, res: dict) -> list[str]:
+        s, st, runs = res["summary"], res["settings"], {r["name"]: flat(r) for r in res["rows"]}
+        demo = runs["demo_restart"]
+        acc = (demo.get("summary") or {}) if demo["ok"] else {}
+        out = [
+            command_head(res) + f" The demo config (`{st['config']}`) with its engine in a `logra serve` process on "
+            f"the same machine (server start {st['server_start_seconds']:.0f} s); the server was killed and "
+            f"restarted after step {st['restart_at']}.",
+            "",
+            *table(
+                [{**acc, **s}],
+                [
+                    Col("low-rank syncs", "syncs"),
+                    Col(
+                        "bytes per low-rank sync",
+                        lambda s: f"{num((s['bytes_per_sync_lowrank'] or 0) / 1e3, '.1f')} kB",
+                    ),
+                    Col("full sync", lambda s: f"{num((s['bytes_per_sync_full'] or 0) / 1e6, '.2f')} MB"),
+                    Col("drift max", "drift_max", ".1e"),
+                    Col("restart recovered", lambda s: "yes" if s["restart_recovered"] else "**no**"),
+                    Col(
+                        "accuracy",
+                        lambda a: f"{num(a.get('accuracy_before'), '.3f')} -> {num(a.get('accuracy_after'), '.3f')}",
+                    ),
+                ],
+            ),
+            "",
+        ]
+        tp = [runs[n] for n in ("on_policy", "off_policy") if n in runs and runs[n]["ok"]]
+        if not tp:
+            return out
+        cols = [
+            Col("rollouts", lambda r: r["name"].replace("_", "-")),
+            Col("wall s/step", "batch_wall_median", ".3f"),
+            Col("training_step s", lambda r: r["sync"]["step_seconds_median"], ".3f"),
+            Col("sync s", lambda r: r["sync"]["sync_seconds_median"], ".3f"),
+            Col("policy lag (syncs)", lambda r: (r.get("policy_lag") or {}).get("mean"), ".2f"),
+        ]
+        return out + [
             "Throughput: wall seconds per step (batch end to batch end: rollout, training and sync, with whatever "
             "overlaps), the training step alone, and the sync (off-policy: it also waits for the rollout running "
             "ahead). Trainer and server share the same 2 cores here, so overlapping them has little to gain.",
             "",
-            *table(["rollouts", "wall s/step", "training_step s", "sync s", "policy lag (syncs)"], rows),
+            *table(tp, cols),
             "",
         ]
-    return out, {"server_engine": s}
 
-
-REPORTS = {"server_engine": Report("Engine in a separate vLLM server", section)}
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(ServerEngine)

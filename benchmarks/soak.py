@@ -5,6 +5,7 @@ Run (about 20 min on the 2-core machine; resumable):
     .venv/bin/python -m benchmarks.soak                      # 1,100 steps of configs/arithmetic_tiny.yaml
     .venv/bin/python -m benchmarks.soak --resume             # continue an interrupted run from its last checkpoint
     .venv/bin/python -m benchmarks.soak --steps 300 --out benchmarks/results/soak_300.json   # a short look
+    .venv/bin/python -m benchmarks.soak --quick --steps 4   # a smoke run
 
 ``logra fit --config configs/arithmetic_tiny.yaml`` as shipped (vLLM engine, low-rank weight sync
 after every step, ``KLStepControl``, held-out evaluation every 50 steps) with one more callback,
@@ -24,29 +25,18 @@ Summary (``benchmarks/results/soak.json``):
 * ``skipped``: steps skipped by the fault policy (target 0); plus the growth before the second
   half and the RSS at a few steps.
 
-What grew, and what holds it now (measured with this script; the runs are in ``benchmarks/results/``):
-
-1. **oneDNN's kernel cache.** vLLM's CPU backend runs each linear layer through a oneDNN matmul whose
-   kernel is JIT-compiled per batch-token count ``M`` (and weight shape) and kept in oneDNN's
-   process-wide primitive cache, 1,024 entries by default at ~0.45 MB each. RL batches (rollouts of
-   varying length, prefix-cache hits, evaluation) keep producing new ``M`` for hundreds of steps: the
-   engine grew 47 MB per 100 steps over 300 steps (``soak_300_onednn_cache_default.json``). A bounded
-   cache, not a leak: it scales with distinct batch sizes times linear shapes, not with steps, syncs or
-   model size. The engine processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` (unless set):
-   ~30 MB, full within ~50 steps (``soak_300_onednn_cache_64.json``).
-2. **Freed heap kept by glibc.** With the cache bounded, the worker still grew 125 MB over 1,100 steps,
-   ever slower (54, 9, 1.1, 1.4, 0.6 MB per 100 steps by stretch; 1.73 MB per 100 over the second half,
-   ``soak_1100_no_trim.json``): each sync's buffers are freed, but glibc keeps the pages. The worker now
-   hands them back after every sync (``malloc_trim``, in the ``"logra"`` backend's
-   ``finish_weight_update``): the second half's slope is 0.22 MB per 100 steps and the engine's whole
-   growth is the bounded cache's ~30 MB in the first 50 steps (``soak.json``).
+Two things grew in the vLLM worker and are now held (docs/results.md has the runs, recorded in
+``soak_300_onednn_cache_{default,64}.json`` and ``soak_1100_no_trim.json``): oneDNN's kernel cache,
+JIT-compiled per batch-token count and bounded by starting the engine with
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64``; and freed heap that glibc kept after each sync, handed back by
+``malloc_trim`` in the ``"logra"`` backend's ``finish_weight_update``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -56,18 +46,9 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from benchmarks.common import (
-    CONFIGS,
-    RESULTS,
-    ROOT,
-    WORK_DIR,
-    config_callbacks,
-    config_defaults,
-    load_average,
-    machine_info,
-    write_result,
-)
-from benchmarks.report import Report, load_text, met, num, table
+from benchmarks.common import CONFIGS, ROOT, WORK_DIR, config_callbacks, config_defaults
+from benchmarks.harness import Benchmark, bench, main
+from benchmarks.report import load_text, met, num, rows_table
 
 MB = 1 << 20
 TARGETS = {"rss_slope_mb_per_100_max": 1.0, "max_drift_max": 1e-4, "skipped_max": 0}
@@ -217,140 +198,110 @@ def fit_command(config: str, steps: int, work_dir: Path, samples: Path, segment:
     return cmd + (["--ckpt_path", "last"] if resume else [])
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny.yaml"))
-    ap.add_argument("--steps", type=int, default=1100)
-    ap.add_argument("--resume", action="store_true", help="continue the run in --work-dir from its last checkpoint")
-    ap.add_argument("--out", default=str(RESULTS / "soak.json"))
-    ap.add_argument("--work-dir", default=str(WORK_DIR / "soak"))
-    args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    samples_path = work / "samples.jsonl"
-    if not args.resume:
-        import shutil
+@bench(
+    "soak",
+    title="Soak: 1,100 RL steps",
+    quick=["--steps", "4"],
+    variants=("soak_1100_no_trim", "soak_300_onednn_cache_64", "soak_300_onednn_cache_default"),
+)
+class Soak(Benchmark):
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny.yaml"))
+        ap.add_argument("--steps", type=int, default=1100)
+        ap.add_argument("--resume", action="store_true", help="continue the run in --work-dir from its last checkpoint")
+        ap.add_argument("--work-dir", default=str(WORK_DIR / "soak"))
 
-        shutil.rmtree(work, ignore_errors=True)
-    previous = read_samples(samples_path)
-    segment = previous[-1]["segment"] + 1 if previous else 0
-    cmd = fit_command(args.config, args.steps, work, samples_path, segment, resume=bool(previous))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    load_start, started = load_average(), time.time()
-    work.mkdir(parents=True, exist_ok=True)
-    with open(work / f"segment{segment}.log", "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
-    samples = read_samples(samples_path)
-    result = {
-        "command": " ".join(["python", "-m", "benchmarks.soak", *(argv if argv is not None else sys.argv[1:])]),
-        "fit_command": " ".join(cmd[1:]),
-        "returncode": rc,
-        "seconds_this_segment": round(time.time() - started, 1),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "machine": machine_info(),
-        "settings": {**config_defaults(args.config), "steps": args.steps, "checkpoint_every": CHECKPOINT_EVERY},
-        "env": {k: os.environ.get(k) for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "VLLM_CPU_KVCACHE_SPACE")},
-        "targets": TARGETS,
-        "summary": summarize(samples, args.steps),
-        "samples": [{k: v for k, v in r.items() if k != "other_children"} for r in samples],
-    }
-    out = write_result(Path(args.out), result)
-    try:
-        import matplotlib
+    def settings(self, args) -> dict:
+        return {
+            **config_defaults(args.config),
+            "steps": args.steps,
+            "checkpoint_every": CHECKPOINT_EVERY,
+            "env": {k: os.environ.get(k) for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "VLLM_CPU_KVCACHE_SPACE")},
+            "targets": TARGETS,
+        }
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def run(self, args, settings: dict) -> list[dict]:
+        """One segment of ``logra fit`` (the whole run, or what is left of it with ``--resume``)."""
+        work = Path(args.work_dir)
+        samples_path = work / "samples.jsonl"
+        if not args.resume:
+            shutil.rmtree(work, ignore_errors=True)
+        previous = read_samples(samples_path)
+        segment = previous[-1]["segment"] + 1 if previous else 0
+        cmd = fit_command(args.config, args.steps, work, samples_path, segment, resume=bool(previous))
+        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false"}
+        work.mkdir(parents=True, exist_ok=True)
+        with open(work / f"segment{segment}.log", "w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+        settings.update(fit_command=" ".join(cmd[1:]), returncode=rc)
+        self.samples = read_samples(samples_path)
+        error = None if rc == 0 else f"logra fit exited {rc} (log: {work / f'segment{segment}.log'})"
+        return [
+            {"name": f"step{r['step']}", "ok": error is None, "error": error, "metrics": _plain(r)}
+            for r in self.samples
+        ]
 
-        fig = plot(result, plt)
-        fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight")
-        print(f"wrote {out.with_suffix('.png')}")
-    except ImportError:
-        pass
-    print(json.dumps(result["summary"], indent=2))
-    return result
+    def summarize(self, settings: dict, rows: list[dict]) -> dict:
+        return summarize(self.samples, settings["steps"])
 
+    def plot(self, res: dict, plt):
+        samples = [r["metrics"] for r in res["rows"]]
+        steps = [r["step"] for r in samples]
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+        ax1.plot(steps, [r["trainer_rss_mb"] for r in samples], label="trainer")
+        ax1.plot(steps, [r["engine_rss_mb"] for r in samples], label="vLLM engine (all processes)")
+        ax1.axvline(res["settings"]["steps"] / 2, color="grey", lw=0.8, ls=":")
+        ax1.set_ylabel("RSS (MB)")
+        ax1.legend()
+        ax1.set_title(f"Soak: {res['settings']['config']}, {res['summary'].get('steps')} RL steps")
+        ax2.semilogy(steps, [max(r["drift_max"] or 1e-12, 1e-12) for r in samples], label="drift (max |Δ logprob|)")
+        kl = [(r["step"], r["kl_realized"]) for r in samples if r["kl_realized"]]
+        if kl:
+            ax2.semilogy([s for s, _ in kl], [v for _, v in kl], ".", ms=3, label="realized KL")
+        ax2.axhline(TARGETS["max_drift_max"], color="red", lw=0.8, ls="--", label="drift target")
+        ax2.set_xlabel("step")
+        ax2.legend()
+        return fig
 
-# ------------------------------------------------------------------------------ report
-def plot(res: dict, plt):
-    samples = res["samples"]
-    steps = [r["step"] for r in samples]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax1.plot(steps, [r["trainer_rss_mb"] for r in samples], label="trainer")
-    ax1.plot(steps, [r["engine_rss_mb"] for r in samples], label="vLLM engine (all processes)")
-    ax1.axvline(res["settings"]["steps"] / 2, color="grey", lw=0.8, ls=":")
-    ax1.set_ylabel("RSS (MB)")
-    ax1.legend()
-    ax1.set_title(f"Soak: {res['settings']['config']}, {res['summary'].get('steps')} RL steps")
-    ax2.semilogy(steps, [max(r["drift_max"] or 1e-12, 1e-12) for r in samples], label="drift (max |Δ logprob|)")
-    kl = [(r["step"], r["kl_realized"]) for r in samples if r["kl_realized"]]
-    if kl:
-        ax2.semilogy([s for s, _ in kl], [v for _, v in kl], ".", ms=3, label="realized KL")
-    ax2.axhline(TARGETS["max_drift_max"], color="red", lw=0.8, ls="--", label="drift target")
-    ax2.set_xlabel("step")
-    ax2.legend()
-    return fig
+    def section(self, res: dict) -> list[str]:
+        s, tg, e, steps = res["summary"], res["settings"]["targets"], res["envelope"], res["settings"]["steps"]
+        slopes = (s.get("trainer_rss_slope_mb_per_100"), s.get("engine_rss_slope_mb_per_100"))
+        slope_ok = all(x is not None and x <= tg["rss_slope_mb_per_100_max"] for x in slopes)
+        drift_ok = s.get("max_drift") is not None and s["max_drift"] <= tg["max_drift_max"]
+        rows = [
+            ["steps", str(s.get("steps")), f">= {steps}", met(s.get("steps", 0) >= steps)],
+            ["trainer RSS slope, 2nd half (MB / 100 steps)", num(slopes[0]), "<= 1", met(slope_ok)],
+            ["engine RSS slope, 2nd half (MB / 100 steps)", num(slopes[1]), "<= 1", met(slope_ok)],
+            ["max drift (max abs logprob gap)", num(s.get("max_drift"), ".2e"), "<= 1e-4", met(drift_ok)],
+            ["skipped steps", str(s.get("skipped")), "0", met(s.get("skipped") == 0)],
+            ["max realized KL", num(s.get("max_kl_realized"), ".2e"), "", ""],
+        ]
+        return [
+            f"Command: `{e['command']}` — {e['wall_seconds']:.0f} s, load {load_text(e['load_start'])} "
+            f"at start, {load_text(e['load_end'])} at end; {s.get('segments')} segment(s).",
+            "",
+            *rows_table(["", "measured", "target", ""], rows),
+            "",
+            f"RSS (MB) at steps: {json.dumps(s.get('rss_mb_at_step'))}.",
+            "",
+        ]
 
-
-def section(res: dict) -> tuple[list[str], dict]:
-    s, tg = res["summary"], res["targets"]
-    slope_ok = all(
-        x is not None and x <= tg["rss_slope_mb_per_100_max"]
-        for x in (s.get("trainer_rss_slope_mb_per_100"), s.get("engine_rss_slope_mb_per_100"))
-    )
-    drift_ok = s.get("max_drift") is not None and s["max_drift"] <= tg["max_drift_max"]
-    rows = [
-        [
-            "steps",
-            str(s.get("steps")),
-            f">= {res['settings']['steps']}",
-            met(s.get("steps", 0) >= res["settings"]["steps"]),
-        ],
-        [
-            "trainer RSS slope, 2nd half (MB / 100 steps)",
-            num(s.get("trainer_rss_slope_mb_per_100")),
-            "<= 1",
-            met(slope_ok),
-        ],
-        [
-            "engine RSS slope, 2nd half (MB / 100 steps)",
-            num(s.get("engine_rss_slope_mb_per_100")),
-            "<= 1",
-            met(slope_ok),
-        ],
-        ["max drift (max abs logprob gap)", num(s.get("max_drift"), ".2e"), "<= 1e-4", met(drift_ok)],
-        ["skipped steps", str(s.get("skipped")), "0", met(s.get("skipped") == 0)],
-        ["max realized KL", num(s.get("max_kl_realized"), ".2e"), "", ""],
-    ]
-    out = [
-        f"Command: `{res['command']}` — {res['seconds_this_segment']:.0f} s, load {load_text(res.get('load_start'))} "
-        f"at start, {load_text(res.get('load_end'))} at end; {s.get('segments')} segment(s).",
-        "",
-        *table(["", "measured", "target", ""], rows),
-        "",
-        f"RSS (MB) at steps: {json.dumps(s.get('rss_mb_at_step'))}.",
-        "",
-    ]
-    return out, s
+    def headline(self, results: dict) -> list[str]:
+        s = (results.get("soak") or {}).get("summary")
+        if not s:
+            return []
+        return [
+            f"- Soak, {s['steps']} RL steps of the demo (vLLM, low-rank sync every step, KL control): RSS slope over "
+            f"the second half {num(s['trainer_rss_slope_mb_per_100'])} MB/100 steps (trainer), "
+            f"{num(s['engine_rss_slope_mb_per_100'])} (engine); max drift {num(s['max_drift'], '.1e')}; "
+            f"{s['skipped']} skipped steps ([soak](#soak-1100-rl-steps))."
+        ]
 
 
-def headline(found: dict) -> list[str]:
-    s = found.get("soak")
-    if not s:
-        return []
-    return [
-        f"- Soak, {s['steps']} RL steps of the demo (vLLM, low-rank sync every step, KL control): RSS slope over the "
-        f"second half {num(s['trainer_rss_slope_mb_per_100'])} MB/100 steps (trainer), "
-        f"{num(s['engine_rss_slope_mb_per_100'])} (engine); max drift {num(s['max_drift'], '.1e')}; "
-        f"{s['skipped']} skipped steps ([soak](#soak-1100-rl-steps))."
-    ]
-
-
-REPORTS = {"soak": Report("Soak: 1,100 RL steps", section, plot, headline)}
+def _plain(sample: dict) -> dict:
+    return {k: v for k, v in sample.items() if k != "other_children"}
 
 
 if __name__ == "__main__":
-    main()
+    main(Soak)

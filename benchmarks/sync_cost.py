@@ -6,57 +6,37 @@ in its own process; about 12 min on 2 cores):
     .venv/bin/python -m benchmarks.sync_cost
     .venv/bin/python -m benchmarks.sync_cost --sizes 100m     # one size
     .venv/bin/python -m benchmarks.sync_cost --quick          # the tiny test model, rank 8 (~1 min)
-    .venv/bin/python -m benchmarks.sync_cost --sizes 400m --merge   # add one size to the results file
 
-Per size, the trainer takes real LoGRA steps (rank r, every matrix low-rank, embeddings
-included, ``update_proj_gap`` small so that refreshes happen within the run) on random tokens;
-after each step the applied update goes to a real ``VLLMEngine`` (fp32, CPU build here) exactly
-as :class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync` sends it
-(:func:`~logra_lightning.sync.wire.wire_updates`): the engine keeps each matrix's basis, so a
-sync carries bases only when the engine lacks the current version (the first sync, the one
-after a refresh) and only coefficients otherwise. This runs three times from a full sync, once
-per wire format:
+Per size, the trainer takes real LoGRA steps (every matrix low-rank, embeddings included, a small
+``update_proj_gap`` so that refreshes happen) on random tokens, and after each step sends the applied
+update to a real ``VLLMEngine`` exactly as :class:`~logra_lightning.callbacks.weight_sync.LowRankWeightSync`
+does (:func:`~logra_lightning.sync.wire.wire_updates`): the engine keeps each matrix's basis, so a sync
+carries bases only after a refresh and coefficients otherwise. This runs once per wire format from a
+full sync: ``float32``; ``bfloat16`` with ``match_rounding`` (the trainer applies the rounded update
+too); ``bfloat16_unmatched``. Per sync: bytes handed to the engine, wall seconds (on vLLM's CPU backend
+including the rebuild of every changed module's repacked weights), by kind; bytes per step over a
+refresh period of ``G`` steps for ``G`` in ``GAPS``; the drift (``|engine - trainer|`` logprob of
+sampled tokens) after 1, 2, 4, ... syncs, beside how far the policy moved. Full syncs are timed for
+comparison. One results row per size; ``settings.headline_size`` is the row the headline quotes.
 
-* ``float32``; ``bfloat16`` with ``match_rounding`` (the trainer also applies the rounded
-  update, :func:`~logra_lightning.sync.wire.match_wire_rounding_`); ``bfloat16_unmatched``
-  (the engine gets the rounded update, the trainer keeps its own).
-
-Reported per sync: bytes handed to the engine (tensor payload; ``payload_bytes`` is the message
-buffer, 64-byte aligned), wall seconds (vLLM's weight-transfer calls + the broadcast + the workers
-applying it, which on vLLM's CPU backend includes rebuilding the repacked weights of every changed
-module), split by kind (with
-bases / coefficients only); the average bytes per step over a refresh period of ``G`` steps (one
-sync with bases, ``G - 1`` with coefficients only) for ``G`` in ``GAPS``; and the drift: mean/max
-``|engine - trainer|`` logprob of tokens the engine sampled, after 1, 2, 4, ... syncs, next to how
-far the policy moved in the run. Full syncs are timed for comparison. A size that fails is
-recorded with its error. Results go to ``benchmarks/results/sync_cost[_quick].json``
-(``headline_size``: the row the README headline quotes).
-
-Against the field's lossless sync, in the same run: ``sparse_delta_logra_bf16`` (the sparse bitwise
-bf16 delta of the same LoGRA steps, fp32 pass) and ``sparse_delta_adamw_bf16`` (AdamW from the same
-weights, same learning rate, steps, batches' shape), each with ``bytes_per_step`` (int32 indices +
-bf16 values of the changed bf16 weights; ``benchmarks/sparse_delta.py``), seconds and drift; then
-``coefficient_vs_sparse_adamw`` (LoGRA's bf16 coefficient sync over AdamW's sparse delta, target
-<= ``SPARSE_TARGET``) and ``sparse_delta_lr_sweep`` (a few steps of each at lower learning rates).
-
-Keys kept from the earlier schema: ``lowrank_sync`` (fp32, a sync with bases), ``full_sync``,
-``bytes_ratio`` (``lowrank_sync`` / full), ``logprob_gap_after_lowrank_syncs`` (fp32 run),
-``logprob_gap_after_full_sync``.
+Against the field's lossless sync, in the same run: the sparse bitwise bf16 delta
+(:mod:`benchmarks.sparse_delta`: int32 indices + bf16 values of the changed bf16 weights) of the same
+LoGRA steps and of AdamW's from the same weights, and LoGRA's bf16 coefficient sync over AdamW's
+sparse delta (target <= ``SPARSE_TARGET``), also at lower learning rates (``sparse_delta_lr_sweep``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, load_average, run_worker, shape_config, write_result
-from benchmarks.report import Report, clip, command_head, load_text, met, num, table
+from benchmarks.common import shape_config
+from benchmarks.harness import Benchmark, bench, flat, main
+from benchmarks.report import Col, command_head, load_text, met, num, table
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
@@ -367,7 +347,6 @@ def measure(size: str, run: dict) -> dict:
     coef_bf16 = bf16["coefficients"]["bytes"]
     per_step_bf16 = {G: (bf16["with_bases"]["bytes"] + (G - 1) * coef_bf16) / G for G in GAPS}
     return {
-        "ok": True,
         "params": params_count,
         "rank": run["rank"],
         "engine": {
@@ -417,120 +396,237 @@ def measure(size: str, run: dict) -> dict:
     }
 
 
-def _run_size(size: str, quick: bool, extra: list[str]) -> dict:
-    """``measure(size)`` in a fresh process (one engine per process); a failure becomes an error row."""
-    t0 = time.perf_counter()
-    row, err = run_worker(
-        __file__, ["--worker", size] + (["--quick"] if quick else []) + extra, RESULTS / f".sync_worker_{size}.json"
+def _sync(header: str, kind: str, wire: str | None, digits: str) -> Col:
+    """A cell "MB (× full), s" of one kind of sync."""
+
+    def cell(r: dict) -> str:
+        sync, ratio = (r[kind][wire], r["coefficient_bytes_ratio"][wire]) if wire else (r[kind], r["bytes_ratio"])
+        return f"{format(sync['bytes'] / 1e6, digits)} MB ({ratio:.3f}), {num(sync['seconds_median'])} s"
+
+    return Col(f"{header} (× full)", cell)
+
+
+def _per_step(wire: str, gaps: list[int]) -> Col:
+    name = "fp32" if wire == "float32" else "bf16"
+    return Col(
+        f"bytes per step {name}, G={'/'.join(map(str, gaps))} (× full)",
+        lambda r: " / ".join(f"{r['bytes_per_step_ratio'][wire][str(G)]:.3f}" for G in gaps),
     )
-    return {**(row or {"ok": False, "error": err}), "wall_seconds": round(time.perf_counter() - t0, 1)}
 
 
-# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
+def _sparse(key: str, name: str, seconds: bool) -> Col:
+    def cell(r: dict) -> str:
+        d = r[key]
+        text = f"{d['bytes_per_step'] / 1e6:.2f} MB ({100 * d['changed_fraction_median']:.1f}% changed)"
+        return text + (f", {d['seconds_median']:.2f} s" if seconds else "")
+
+    return Col(f"sparse delta, {name}", cell)
 
 
-def section(res: dict) -> tuple[list[str], dict]:
-    """Bytes and seconds per sync (full, with bases, coefficients fp32/bf16), bytes per step, drift per wire format."""
-    run = res["run"]
-    out = [
-        command_head(res) + " "
-        f"Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so that refreshes happen), "
-        f"LoGRA steps per wire format {json.dumps(run['steps'])}, versions {json.dumps(res['versions'])}; fp32 engine "
-        '(vLLM CPU build) keeping each matrix\'s basis, one engine per size in its own process. "with bases": a '
-        'sync after a basis refresh (both factors); "coefficients": the other syncs (the engine holds the basis). '
-        f"Bytes per step: one sync with bases and `G - 1` with coefficients per refresh period `G` "
-        f"({', '.join(map(str, res['gaps']))}).",
-        "",
-    ]
-    if res.get("merged"):
-        out[0] += (
-            " Sizes measured by separate calls: "
-            + "; ".join(
-                f"{size}: `{r.get('command', '?')}`, {r.get('wall_seconds', 0):.0f} s, load at start "
-                f"{load_text(r.get('load_start'))}"
-                for size, r in res["sizes"].items()
-            )
-            + "."
+DRIFT = [
+    Col("size", "size"),
+    Col("wire", "wire"),
+    Col(
+        "drift after N syncs (N: mean / max)",
+        lambda f: "; ".join(f"{d['syncs']}: {d['mean']:.1e} / {d['max']:.1e}" for d in f["drift"]),
+    ),
+    Col("moved", lambda f: f["policy_moved"]["mean"], ".3f"),
+    Col(
+        "coefficient sync s",
+        lambda f: (
+            f"{num(f['coefficients']['seconds_median'])} s"
+            + (f" (+{f['match_seconds_median']:.3f} s trainer)" if f.get("match_seconds_median") is not None else "")
+        ),
+    ),
+]
+SPARSE = [
+    Col("size", "name"),
+    Col("lr", lambda r: r["sparse_delta_adamw_bf16"]["lr"], ".0e"),
+    Col("bf16 full", lambda r: f"{r['coefficient_vs_sparse_adamw']['bf16_full_bytes'] / 1e6:.0f} MB"),
+    _sparse("sparse_delta_adamw_bf16", "AdamW", True),
+    _sparse("sparse_delta_logra_bf16", "LoGRA", True),
+    Col(
+        "LoGRA coefficients bf16",
+        lambda r: (
+            f"{r['coefficient_vs_sparse_adamw']['coefficient_bf16_bytes'] / 1e6:.2f} MB, "
+            f"{num(r['coefficient_sync']['bfloat16']['seconds_median'])} s"
+        ),
+    ),
+    Col("coefficients / sparse AdamW", lambda r: r["coefficient_vs_sparse_adamw"]["ratio"], ".3f"),
+    Col(f"target <= {SPARSE_TARGET}", lambda r: met(r["coefficient_vs_sparse_adamw"]["met"])),
+]
+SWEEP = [
+    Col("size", "size"),
+    Col("lr", "lr", ".0e"),
+    _sparse("adamw", "AdamW", False),
+    _sparse("logra", "LoGRA", False),
+    Col("LoGRA coefficients bf16", lambda p: f"{p['coef'] / 1e6:.2f} MB"),
+    Col("ratio", "ratio", ".3f"),
+    Col(f"target <= {SPARSE_TARGET}", lambda p: "–" if p["ratio"] is None else met(p["ratio"] <= SPARSE_TARGET)),
+]
+
+
+@bench("sync_cost", title="Weight sync to vLLM", quick=[], full=[], variants=("sync_cost_25m", "sync_cost_400m"))
+class SyncCost(Benchmark):
+    isolate = True  # one engine per process
+
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
+        ap.add_argument(
+            "--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)"
         )
-    rows = []
-    for size, r in res["sizes"].items():
-        if not r["ok"]:
-            rows.append([size, "failed: " + clip(r["error"], 160)] + [""] * 9)
-            continue
-        full, co = r["full_sync"], r["coefficient_sync"]
-        per_step = r["bytes_per_step_ratio"]
-        rows.append(
-            [
-                size,
-                num(r["params"] / 1e6, ".1f"),
-                f"{full['bytes'] / 1e6:.0f} MB, {full['seconds_median']:.2f} s",
-                f"{r['lowrank_sync']['bytes'] / 1e6:.1f} MB ({r['bytes_ratio']:.3f}), "
-                f"{num(r['lowrank_sync']['seconds_median'], '.2f')} s",
-                f"{co['float32']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['float32']:.3f}), "
-                f"{num(co['float32']['seconds_median'], '.2f')} s",
-                f"{co['bfloat16']['bytes'] / 1e6:.2f} MB ({r['coefficient_bytes_ratio']['bfloat16']:.3f}), "
-                f"{num(co['bfloat16']['seconds_median'], '.2f')} s",
-                " / ".join(f"{per_step['float32'][str(G)]:.3f}" for G in res["gaps"]),
-                " / ".join(f"{per_step['bfloat16'][str(G)]:.3f}" for G in res["gaps"]),
+
+    def settings(self, args) -> dict:
+        run = dict(RUN["quick" if args.quick else "full"])
+        if args.steps is not None:
+            if args.steps < 2:
+                raise SystemExit(f"--steps {args.steps}: need >= 2 (a sync with bases, then coefficients)")
+            run["steps"] = {size: args.steps for size in run["steps"]}
+        sizes = [QUICK_SIZE] if args.quick else (args.sizes or list(SIZES))
+        unknown = sorted(set(sizes) - set(SIZES) - {QUICK_SIZE})
+        if unknown:
+            raise SystemExit(f"unknown --sizes {unknown} (allowed: {', '.join(SIZES)})")
+        import torch
+        import vllm
+
+        return {
+            "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "python": platform.python_version()},
+            "torch_threads": run["threads"],
+            "run": run,
+            "gaps": list(GAPS),
+            "shapes": {
+                s: "build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s) for s in sizes
+            },
+            "headline_size": HEADLINE if HEADLINE in sizes else sizes[0],
+        }
+
+    def row_names(self, args, settings: dict) -> list[str]:
+        return list(settings["shapes"])
+
+    def measure(self, name: str, settings: dict) -> dict:
+        return measure(name, settings["run"])
+
+    def section(self, res: dict) -> list[str]:
+        """Bytes and seconds per sync (full, with bases, coefficients), bytes per step, drift per wire format."""
+        st, rows = res["settings"], [flat(r) for r in res["rows"]]
+        run, gaps, ok = st["run"], st["gaps"], [r for r in rows if r["ok"]]
+        head = (
+            command_head(res) + f" Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so "
+            f"that refreshes happen), LoGRA steps per wire format {json.dumps(run['steps'])}, versions "
+            f"{json.dumps(st['versions'])}; fp32 engine (vLLM CPU build) keeping each matrix's basis, one engine per "
+            'size in its own process. "with bases": a sync after a basis refresh (both factors); "coefficients": the '
+            "other syncs (the engine holds the basis). Bytes per step: one sync with bases and `G - 1` with "
+            f"coefficients per refresh period `G` ({', '.join(map(str, gaps))})."
+        )
+        if st.get("merged"):
+            head += (
+                " Sizes measured by separate calls: "
+                + "; ".join(
+                    f"{r['name']}: `{r.get('command', '?')}`, {r.get('wall_seconds', 0):.0f} s, load at start "
+                    f"{load_text(r.get('load_start'))}"
+                    for r in rows
+                )
+                + "."
+            )
+        cols = [
+            Col("size", "name"),
+            Col("params (M)", lambda r: r["params"] / 1e6, ".1f"),
+            Col(
+                "full sync",
+                lambda r: f"{r['full_sync']['bytes'] / 1e6:.0f} MB, {r['full_sync']['seconds_median']:.2f} s",
+            ),
+            _sync("with bases fp32", "lowrank_sync", None, ".1f"),
+            _sync("coefficients fp32", "coefficient_sync", "float32", ".2f"),
+            _sync("coefficients bf16", "coefficient_sync", "bfloat16", ".2f"),
+            *(_per_step(w, gaps) for w in ("float32", "bfloat16")),
+        ]
+        full = ", ".join(f"{r['name']} {r['logprob_gap_after_full_sync']['max']:.1e}" for r in ok)
+        drift = [{"size": r["name"], "wire": w, **f} for r in ok for w, f in r["wire_formats"].items()]
+        out = [head, "", *table(rows, cols), ""]
+        out += [
+            "Engine-vs-trainer drift, |logprob| of sampled tokens (mean / max), after N low-rank syncs from a full "
+            'sync; "moved": mean |logprob change| of the run\'s policy on the same tokens (how large the synced '
+            "updates were). `bfloat16`: the trainer applies the rounded update too (`match_rounding=True`, the "
+            f"default), `bfloat16_unmatched`: it does not. Full sync: drift {full} (max).",
+            "",
+            *table(drift, DRIFT),
+            "",
+        ]
+        return out + _sparse_section([r for r in ok if "sparse_delta_adamw_bf16" in r])
+
+    def plot(self, res: dict, plt):
+        """Bytes and seconds per sync per size and kind; drift against the number of syncs per wire format."""
+        rows = {r["name"]: r["metrics"] for r in res["rows"] if r["ok"]}
+        fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+        kinds = [
+            ("full", lambda r: r["full_sync"]),
+            ("with bases", lambda r: r["lowrank_sync"]),
+            ("coef fp32", lambda r: r["coefficient_sync"]["float32"]),
+            ("coef bf16", lambda r: r["coefficient_sync"]["bfloat16"]),
+        ]
+        x, width = range(len(rows)), 0.2
+        for ax, key, title in (
+            (axes[0], "bytes", "MB sent per sync"),
+            (axes[1], "seconds_median", "seconds per sync (median)"),
+        ):
+            scale = 1e6 if key == "bytes" else 1.0
+            for i, (label, get) in enumerate(kinds):
+                heights = [(get(r)[key] or 0) / scale for r in rows.values()]
+                ax.bar([j + (i - 1.5) * width for j in x], heights, width, label=label, color=f"C{i}")
+            ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
+            ax.set_yscale("log")
+            ax.set_title(title, fontsize=9)
+            ax.legend(fontsize=7)
+        for i, (size, r) in enumerate(rows.items()):
+            for wire, style in (("float32", "-"), ("bfloat16", "--"), ("bfloat16_unmatched", ":")):
+                d = r["wire_formats"][wire]["drift"]
+                xs, ys = [p["syncs"] for p in d], [max(p["max"], 1e-8) for p in d]
+                axes[2].plot(xs, ys, style, marker="o", color=f"C{i}", label=f"{size} {wire}")
+        axes[2].set_xscale("log", base=2)
+        axes[2].set_yscale("log")
+        axes[2].set_xlabel("low-rank syncs since the last full sync", fontsize=8)
+        axes[2].set_title("max |engine - trainer| logprob", fontsize=9)
+        axes[2].legend(fontsize=6, ncol=1)
+        fig.suptitle(
+            "Weight sync to a vLLM engine (fp32, CPU): full weights, factors with bases, coefficients only", fontsize=10
+        )
+        return fig
+
+    def headline(self, results: dict[str, dict]) -> list[str]:
+        """Bytes per step and seconds of a coefficient sync against a full one; against the field's sparse deltas."""
+        res = results.get("sync_cost")
+        s = res and next(
+            (r["metrics"] for r in res["rows"] if r["name"] == res["settings"]["headline_size"] and r["ok"]), None
+        )
+        if not s:
+            return []
+        per_step = s["bytes_per_step_ratio"]["float32"]
+        worst = max(per_step, key=per_step.get)
+        out = [
+            f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: a step's sync sends "
+            f"**{per_step[worst]:.3f}×** the bytes of a full sync in fp32 "
+            f"({s['bytes_per_step_ratio']['bfloat16'][worst]:.3f}× in bf16), averaged over a refresh period "
+            f"({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
+            f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."
+        ]
+        c = s.get("coefficient_vs_sparse_adamw")
+        if c:
+            points = [(s["sparse_delta_adamw_bf16"]["lr"], c["ratio"])] + [
+                (p["lr"], c["coefficient_bf16_bytes"] / p["adamw"]["bytes_per_step"])
+                for p in s.get("sparse_delta_lr_sweep", [])
             ]
-        )
-    gaps = "/".join(map(str, res["gaps"]))
-    out += table(
-        [
-            "size",
-            "params (M)",
-            "full sync",
-            "with bases fp32 (× full)",
-            "coefficients fp32 (× full)",
-            "coefficients bf16 (× full)",
-            f"bytes per step fp32, G={gaps} (× full)",
-            f"bytes per step bf16, G={gaps} (× full)",
-        ],
-        rows,
-    ) + [""]
-    out += [
-        "Engine-vs-trainer drift, |logprob| of sampled tokens (mean / max), after N low-rank syncs from a full sync; "
-        '"moved": mean |logprob change| of the run\'s policy on the same tokens (how large the synced updates were). '
-        "`bfloat16`: the trainer applies the rounded update too (`match_rounding=True`, the default), "
-        "`bfloat16_unmatched`: it does not. Full sync: drift "
-        + ", ".join(
-            f"{size} {r['logprob_gap_after_full_sync']['max']:.1e}" for size, r in res["sizes"].items() if r["ok"]
-        )
-        + " (max).",
-        "",
-    ]
-    rows = []
-    for size, r in res["sizes"].items():
-        if not r["ok"]:
-            continue
-        for wire, f in r["wire_formats"].items():
-            match = (
-                f" (+{f['match_seconds_median']:.3f} s trainer)" if f.get("match_seconds_median") is not None else ""
+            out.append(
+                f"- Against the field's sparse bf16 deltas (slime/verl/TRL), ~{s['params'] / 1e6:.0f}M: LoGRA's "
+                f"coefficient sync sends {', '.join(f'**{r:.3f}×** at lr {lr:.0e}' for lr, r in points)} the bytes of "
+                f"AdamW's sparse delta per step (target ≤ {c['target']}) ([table](#weight-sync-to-vllm))."
             )
-            rows.append(
-                [
-                    size,
-                    wire,
-                    "; ".join(f"{d['syncs']}: {d['mean']:.1e} / {d['max']:.1e}" for d in f["drift"]),
-                    f"{f['policy_moved']['mean']:.3f}",
-                    f"{num(f['coefficients']['seconds_median'], '.2f')} s{match}",
-                ]
-            )
-    out += table(["size", "wire", "drift after N syncs (N: mean / max)", "moved", "coefficient sync s"], rows) + [""]
-    out += sparse_section(res)
-    head = res["sizes"].get(res["headline_size"], {})
-    return out, head if head.get("ok") else None
+        return out
 
 
-def sparse_section(res: dict) -> list[str]:
+def _sparse_section(sized: list[dict]) -> list[str]:
     """LoGRA's coefficient sync against the field's sparse bf16 deltas of AdamW's and LoGRA's steps."""
-    sized = {s: r for s, r in res["sizes"].items() if r.get("ok") and "sparse_delta_adamw_bf16" in r}
     if not sized:
         return []
-
-    def cell(row: dict) -> str:
-        return f"{row['bytes_per_step'] / 1e6:.2f} MB ({100 * row['changed_fraction_median']:.1f}% changed)"
-
     out = [
         "Against the field's lossless sync: sparse bitwise deltas of bf16 weights as slime, verl, TRL and NeMo-RL "
         "send them (`benchmarks/sparse_delta.py`: the int32 index and bf16 value of every bf16 weight whose bits "
@@ -539,236 +635,26 @@ def sparse_section(res: dict) -> list[str]:
         "coefficient sync in bf16 (a step between basis refreshes). Seconds: building and applying the patch "
         "in-process (no transport); LoGRA's: the real sync into vLLM.",
         "",
+        *table(sized, SPARSE),
+        "",
     ]
-    rows = []
-    for size, r in sized.items():
-        a, lg, c = r["sparse_delta_adamw_bf16"], r["sparse_delta_logra_bf16"], r["coefficient_vs_sparse_adamw"]
-        rows.append(
-            [
-                size,
-                f"{a['lr']:.0e}",
-                f"{c['bf16_full_bytes'] / 1e6:.0f} MB",
-                f"{cell(a)}, {a['seconds_median']:.2f} s",
-                f"{cell(lg)}, {lg['seconds_median']:.2f} s",
-                f"{c['coefficient_bf16_bytes'] / 1e6:.2f} MB, "
-                f"{num(r['coefficient_sync']['bfloat16']['seconds_median'], '.2f')} s",
-                f"{c['ratio']:.3f}" if c["ratio"] is not None else "–",
-                met(c["met"]),
-            ]
-        )
-    out += table(
-        [
-            "size",
-            "lr",
-            "bf16 full",
-            "sparse delta, AdamW",
-            "sparse delta, LoGRA",
-            "LoGRA coefficients bf16",
-            "coefficients / sparse AdamW",
-            f"target <= {SPARSE_TARGET}",
-        ],
-        rows,
-    ) + [""]
-    rows = []
-    for size, r in sized.items():
+    sweep = []
+    for r in sized:
         coef = r["coefficient_vs_sparse_adamw"]["coefficient_bf16_bytes"]
-        for point in r.get("sparse_delta_lr_sweep", []):
-            a, lg = point["adamw"], point["logra"]
-            ratio = coef / a["bytes_per_step"] if a["bytes_per_step"] else None
-            rows.append(
-                [
-                    size,
-                    f"{point['lr']:.0e}",
-                    cell(a),
-                    cell(lg),
-                    f"{coef / 1e6:.2f} MB",
-                    num(ratio, ".3f"),
-                    "–" if ratio is None else met(ratio <= SPARSE_TARGET),
-                ]
-            )
-    if rows:
+        for p in r.get("sparse_delta_lr_sweep", []):
+            ratio = coef / p["adamw"]["bytes_per_step"] if p["adamw"]["bytes_per_step"] else None
+            sweep.append({"size": r["name"], "coef": coef, "ratio": ratio, **p})
+    if sweep:
         out += [
             "The sparse deltas shrink with the learning rate (a bf16 weight changes only when its update exceeds about "
             "|w|/256) while LoGRA's coefficient bytes do not depend on it; a few steps per learning rate from the "
             "same initial weights:",
             "",
-            *table(
-                [
-                    "size",
-                    "lr",
-                    "sparse delta, AdamW",
-                    "sparse delta, LoGRA",
-                    "LoGRA coefficients bf16",
-                    "ratio",
-                    f"target <= {SPARSE_TARGET}",
-                ],
-                rows,
-            ),
+            *table(sweep, SWEEP),
             "",
         ]
     return out
 
 
-def plot(res: dict, plt):
-    """Bytes and seconds per sync per size and kind; drift against the number of syncs per wire format."""
-    rows = {size: r for size, r in res["sizes"].items() if r["ok"]}
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    kinds = [
-        ("full", lambda r: r["full_sync"]),
-        ("with bases", lambda r: r["lowrank_sync"]),
-        ("coef fp32", lambda r: r["coefficient_sync"]["float32"]),
-        ("coef bf16", lambda r: r["coefficient_sync"]["bfloat16"]),
-    ]
-    x, width = range(len(rows)), 0.2
-    for ax, key, title in (
-        (axes[0], "bytes", "MB sent per sync"),
-        (axes[1], "seconds_median", "seconds per sync (median)"),
-    ):
-        scale = 1e6 if key == "bytes" else 1.0
-        for i, (label, get) in enumerate(kinds):
-            ax.bar(
-                [j + (i - 1.5) * width for j in x],
-                [(get(r)[key] or 0) / scale for r in rows.values()],
-                width,
-                label=label,
-                color=f"C{i}",
-            )
-        ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
-        ax.set_yscale("log")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-    for i, (size, r) in enumerate(rows.items()):
-        for wire, style in (("float32", "-"), ("bfloat16", "--"), ("bfloat16_unmatched", ":")):
-            d = r["wire_formats"][wire]["drift"]
-            axes[2].plot(
-                [p["syncs"] for p in d],
-                [max(p["max"], 1e-8) for p in d],
-                style,
-                marker="o",
-                color=f"C{i}",
-                label=f"{size} {wire}",
-            )
-    axes[2].set_xscale("log", base=2)
-    axes[2].set_yscale("log")
-    axes[2].set_xlabel("low-rank syncs since the last full sync", fontsize=8)
-    axes[2].set_title("max |engine - trainer| logprob", fontsize=9)
-    axes[2].legend(fontsize=6, ncol=1)
-    fig.suptitle(
-        "Weight sync to a vLLM engine (fp32, CPU): full weights, factors with bases, coefficients only", fontsize=10
-    )
-    return fig
-
-
-def headline(found: dict) -> list[str]:
-    """The headline bullet: bytes per step and seconds of a coefficient sync against a full one."""
-    s = found.get("sync_cost")
-    if not s:
-        return []
-    per_step = s["bytes_per_step_ratio"]["float32"]
-    worst = max(per_step.values())
-    return [
-        f"- Sync to vLLM, ~{s['params'] / 1e6:.0f}M model, rank {s['rank']}: a step's sync sends **{worst:.3f}×** "
-        f"the bytes of a full sync in fp32 "
-        f"({s['bytes_per_step_ratio']['bfloat16'][max(per_step, key=per_step.get)]:.3f}× "
-        f"in bf16), averaged over a refresh period ({s['coefficient_sync']['float32']['seconds_median']:.2f} s vs "
-        f"{s['full_sync']['seconds_median']:.2f} s per sync) ([table](#weight-sync-to-vllm))."
-    ] + _sparse_headline(s)
-
-
-def _sparse_headline(s: dict) -> list[str]:
-    """Against the field's sparse bf16 deltas: LoGRA's coefficient sync over AdamW's, at each learning rate."""
-    c = s.get("coefficient_vs_sparse_adamw")
-    if not c:
-        return []
-    coef = c["coefficient_bf16_bytes"]
-    points = [(s["sparse_delta_adamw_bf16"]["lr"], c["ratio"])] + [
-        (p["lr"], coef / p["adamw"]["bytes_per_step"]) for p in s.get("sparse_delta_lr_sweep", [])
-    ]
-    return [
-        f"- Against the field's sparse bf16 deltas (slime/verl/TRL), ~{s['params'] / 1e6:.0f}M: LoGRA's coefficient "
-        f"sync sends {', '.join(f'**{r:.3f}×** at lr {lr:.0e}' for lr, r in points)} the bytes of AdamW's sparse "
-        f"delta per step (target ≤ {c['target']}) ([table](#weight-sync-to-vllm))."
-    ]
-
-
-REPORTS = {"sync_cost": Report("Weight sync to vLLM", section, plot, headline)}
-
-
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the tiny test model, rank 8")
-    parser.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
-    parser.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sync_cost[_quick].json)")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)"
-    )
-    parser.add_argument(
-        "--merge",
-        action="store_true",
-        help="keep the other sizes already in the results file (one size per call: each is measured alone)",
-    )
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    run = dict(RUN["quick" if args.quick else "full"])
-    if args.steps is not None:
-        if args.steps < 2:
-            raise SystemExit(f"--steps {args.steps}: need >= 2 (a sync with bases, then coefficients)")
-        run["steps"] = {size: args.steps for size in run["steps"]}
-    if args.worker:
-        Path(args.worker_out).write_text(json.dumps(measure(args.worker, run)))
-        return {}
-    sizes = [QUICK_SIZE] if args.quick else (args.sizes or list(SIZES))
-    unknown = sorted(set(sizes) - set(SIZES) - {QUICK_SIZE})
-    if unknown:
-        raise SystemExit(f"unknown --sizes {unknown} (allowed: {', '.join(SIZES)})")
-    import torch
-    import vllm
-
-    started, load_start = time.perf_counter(), load_average()
-    command = "python -m benchmarks.sync_cost " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = Path(args.out) if args.out else RESULTS / f"sync_cost{'_quick' if args.quick else ''}.json"
-    kept = json.loads(out.read_text()) if args.merge and out.is_file() else {}
-    rows = {s: r for s, r in kept.get("sizes", {}).items() if s not in sizes}
-    for size in sizes:
-        size_load = load_average()
-        rows[size] = _run_size(size, args.quick, [] if args.steps is None else ["--steps", str(args.steps)])
-        rows[size].update(command=command, load_start=size_load, load_end=load_average())
-        r = rows[size]
-        print(
-            f"{size}: "
-            + (
-                f"with bases {r['lowrank_sync']['bytes'] / 1e6:.1f} MB {r['lowrank_sync']['seconds_median']:.2f} s, "
-                f"coefficients {r['coefficient_sync']['float32']['bytes'] / 1e6:.1f} MB "
-                f"{r['coefficient_sync']['float32']['seconds_median']:.2f} s (bf16 "
-                f"{r['coefficient_sync']['bfloat16']['bytes'] / 1e6:.1f} MB), "
-                f"full {r['full_sync']['bytes'] / 1e6:.1f} MB {r['full_sync']['seconds_median']:.2f} s; drift max "
-                + ", ".join(f"{w} {f['drift_max']:.1e}" for w, f in r["wire_formats"].items())
-                if r["ok"]
-                else f"FAILED {r['error'][-300:]}"
-            ),
-            flush=True,
-        )
-    result = {
-        "command": command,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "python": platform.python_version()},
-        "torch_threads": run["threads"],
-        "run": run,
-        "gaps": list(GAPS),
-        "shapes": {
-            s: ("build_tiny_model default (TinyModelConfig)" if s == QUICK_SIZE else shape_config(s)) for s in rows
-        },
-        "headline_size": HEADLINE if HEADLINE in rows else sizes[0],
-        "sizes": {s: rows[s] for s in sorted(rows, key=lambda s: (SIZES + (QUICK_SIZE,)).index(s))},
-    }
-    if kept:
-        result["merged"] = "sizes measured by separate calls (--merge): each row has its own command and load"
-    write_result(out, result)
-    return result
-
-
 if __name__ == "__main__":  # vLLM starts its workers with spawn
-    main()
+    main(SyncCost)

@@ -37,17 +37,11 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
+from logra_lightning.optim import host_memory
 from logra_lightning.optim.accounting import grad_bytes, optimizer_state_bytes, param_bytes
 from logra_lightning.rollout.vllm.engine import VLLMEngineSpec  # imports vllm itself only when an engine is built
 
 FILE = "memory.json"
-
-
-def _status_bytes(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise OSError(f"{field} not in /proc/self/status")
 
 
 class TrainerPeakMemory(L.Callback):
@@ -66,7 +60,7 @@ class TrainerPeakMemory(L.Callback):
             if isinstance(getattr(pl_module, "engine_spec", None), VLLMEngineSpec):
                 importlib.import_module("vllm")  # the library's pages before the baseline (module doc)
             self.record = {
-                "rss_before_model_bytes": _status_bytes("VmRSS"),
+                "rss_before_model_bytes": host_memory.rss(),
                 "param_bytes": 0,
                 "grad_bytes": 0,
                 "optimizer_state_bytes": 0,
@@ -92,7 +86,7 @@ class TrainerPeakMemory(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or not self.record or not trainer.is_global_zero or not trainer.log_dir:
             return
-        self.record["peak_rss_bytes"] = _status_bytes("VmHWM")
+        self.record["peak_rss_bytes"] = host_memory.peak_rss()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.record["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 1)
         self.record["train_memory_bytes"] = self.record["peak_rss_bytes"] - self.record["rss_before_model_bytes"]

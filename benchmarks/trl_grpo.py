@@ -26,34 +26,21 @@ of every row is measured with the same code (greedy, :class:`~logra_lightning.ro
 :class:`~logra_lightning.rewards.ExactMatchReward`) before and after training. Memory is
 measured like :mod:`benchmarks.optimizer_memory`: VmHWM over the run minus VmRSS after imports,
 before the model is loaded. If TRL cannot run here its row records the error.
-Results: ``benchmarks/results/trl_grpo[_quick].json``.
+Results: ``benchmarks/results/trl_grpo.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import time
-import traceback
 from pathlib import Path
 
-from benchmarks.common import (
-    CONFIGS,
-    RESULTS,
-    WORK_DIR,
-    config_defaults,
-    load_average,
-    machine_info,
-    proc_memory,
-    reset_peak_rss,
-    run_worker,
-    write_result,
-)
-from benchmarks.quality import LORA_CONFIG, QUICK, _gap, find_logra_config, lora_adapter
-from benchmarks.report import MB, Report, clip, command_head, load_text, num, pct, table
+from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, reset_peak_rss
+from benchmarks.harness import Benchmark, bench, flat, main
+from benchmarks.quality import LORA_CONFIG, QUICK, find_logra_config, lora_adapter
+from benchmarks.report import Col, command_head, pct, table
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
@@ -246,6 +233,7 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
 
 
 def settings(args) -> dict:
+    """The run's settings, from the configs unless a flag overrides them."""
     base = config_defaults(args.config)
     logra_cfg = find_logra_config(args.logra_config)
     logra = config_defaults(logra_cfg) if logra_cfg else None
@@ -259,7 +247,7 @@ def settings(args) -> dict:
         "lr": lr,
         "logra_lr": args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
         "logra_rank": (logra or {}).get("rank") or 8,
-        "update_proj_gap": _gap(logra_cfg),
+        "update_proj_gap": (logra or {}).get("update_proj_gap") or 50,
         "batch_size": base["batch_size"],
         "group_size": base["group_size"],
         "max_new_tokens": base["max_new_tokens"],
@@ -271,167 +259,84 @@ def settings(args) -> dict:
     }
 
 
-def worker(row: str, s: dict) -> dict:
-    if row == "trl_grpo":
-        out = run_trl(s)
-    elif row == "logra_adamw":
-        out = run_logra(s, {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lr"], "weight_decay": 0.0}})
-    elif row == "logra_logra":
-        out = run_logra(
-            s,
-            {
+@bench("trl_grpo", title="A full framework: TRL GRPOTrainer", full=["--steps", "100"])
+class TrlGrpo(Benchmark):
+    isolate = True  # each row's peak memory in a process of its own
+
+    def add_arguments(self, ap) -> None:
+        ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"))
+        ap.add_argument("--logra-config", default=None)
+        ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
+        ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
+        ap.add_argument("--steps", type=int, default=None)
+        ap.add_argument("--seed", type=int, default=0)
+        ap.add_argument("--rows", nargs="*", default=list(ROWS))
+
+    settings = staticmethod(settings)
+
+    def row_names(self, args, settings: dict) -> list[str]:
+        return args.rows
+
+    def measure(self, name: str, s: dict) -> dict:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        optimizers = {
+            "logra_adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lr"], "weight_decay": 0.0}},
+            "logra_logra": {
                 "class_path": "logra_lightning.optim.LoGRA",
                 "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]},
             },
+        }
+        lora = {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lora_lr"], "weight_decay": 0.0}}
+        if name == "trl_grpo":
+            out = run_trl(s)
+        elif name in optimizers:
+            out = run_logra(s, optimizers[name])
+        elif name == "logra_lora":
+            out = run_logra(s, lora, ["--model.adapter", json.dumps(s["lora_adapter"])])
+        elif name == "trl_grpo_lora":
+            out = run_trl(s, s["lora_adapter"]["init_args"])
+        else:
+            raise ValueError(f"unknown row {name!r} (allowed: {', '.join(ROWS)})")
+        steady = out["step_seconds"][1:] or out["step_seconds"]
+        return {
+            **out,
+            "peak_bytes": proc_memory()["VmHWM"] - out["rss_before_model_bytes"],
+            "step_seconds_median": statistics.median(steady) if steady else None,
+        }
+
+    def section(self, res: dict) -> list[str]:
+        """Memory, step time and held-out accuracy: TRL's GRPOTrainer against `logra fit`."""
+        st = res["settings"]
+        head = (
+            command_head(res) + f" {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+            f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts."
         )
-    elif row == "logra_lora":
-        out = run_logra(
-            s,
-            {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lora_lr"], "weight_decay": 0.0}},
-            ["--model.adapter", json.dumps(s["lora_adapter"])],
-        )
-    elif row == "trl_grpo_lora":
-        out = run_trl(s, s["lora_adapter"]["init_args"])
-    else:
-        raise ValueError(f"unknown row {row!r} (allowed: {', '.join(ROWS)})")
-    st = proc_memory()
-    steady = out["step_seconds"][1:] or out["step_seconds"]
-    return {
-        **out,
-        "row": row,
-        "ok": True,
-        "peak_bytes": st["VmHWM"] - out["rss_before_model_bytes"],
-        "step_seconds_median": statistics.median(steady) if steady else None,
-    }
+        cols = [
+            Col("row", lambda r: r["name"] + (f" (trl {r['version']})" if r.get("version") else "")),
+            Col("training memory MB", "peak_bytes", "mb0"),
+            Col("s/step (median)", "step_seconds_median", ".2f"),
+            Col("held-out accuracy", lambda r: f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}"),
+            Col("steps", "steps"),
+            Col("load at start", "load_before", "load"),
+        ]
+        return [head, "", *table([flat(r) for r in res["rows"]], cols), ""]
 
-
-# The README section and the plot of this script's results (benchmarks/report.py says how they are used).
-
-
-def section(res: dict) -> tuple[list[str], dict]:
-    """Memory, step time and held-out accuracy: TRL's GRPOTrainer against `logra fit`."""
-    st = res["settings"]
-    out = [
-        command_head(res) + f" {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
-        f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts.",
-        "",
-    ]
-    rows = []
-    for r in res["rows"]:
-        if not r.get("ok"):
-            rows.append([r["row"], "failed: " + clip(r.get("error", ""), 160), "", "", "", ""])
-            continue
-        rows.append(
-            [
-                r["row"] + (f" (trl {r['version']})" if r.get("version") else ""),
-                num(r["peak_bytes"] / MB, ".0f"),
-                num(r["step_seconds_median"], ".2f"),
-                f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}",
-                str(r["steps"]),
-                load_text(r.get("load_before")),
-            ]
-        )
-    out += table(
-        ["row", "training memory MB", "s/step (median)", "held-out accuracy", "steps", "load at start"], rows
-    ) + [""]
-    return out, {}
-
-
-def plot(res: dict, plt):
-    """Memory, s/step and accuracy after, one bar per row."""
-    rows = [r for r in res["rows"] if r.get("ok")]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
-    names = [r["row"] for r in rows]
-    for ax, (key, title, scale) in zip(
-        axes,
-        [
+    def plot(self, res: dict, plt):
+        """Memory, s/step and accuracy after, one bar per row."""
+        rows = [flat(r) for r in res["rows"] if r["ok"]]
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+        panels = [
             ("peak_bytes", "training memory (MB)", 1e6),
             ("step_seconds_median", "seconds per RL step (median)", 1.0),
             ("accuracy_after", "held-out accuracy after (%)", 0.01),
-        ],
-    ):
-        ax.bar(names, [r[key] / scale for r in rows], color=[f"C{i}" for i in range(len(rows))])
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"TRL GRPOTrainer vs logra fit, {res['settings']['steps']} steps", fontsize=10)
-    return fig
-
-
-REPORTS = {"trl_grpo": Report("A full framework: TRL GRPOTrainer", section, plot)}
-
-
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps, 64 held-out prompts")
-    ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"))
-    ap.add_argument("--logra-config", default=None)
-    ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
-    ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rows", nargs="*", default=list(ROWS))
-    ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/trl_grpo[_quick].json)")
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    s = settings(args)
-    if args.worker:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        load_before = load_average()
-        try:
-            row = worker(args.worker, s)
-        except Exception as e:  # e.g. TRL cannot run on this machine: record why
-            row = {
-                "row": args.worker,
-                "ok": False,
-                "error": f"{type(e).__name__}: {e}",
-                "traceback_tail": traceback.format_exc()[-2000:],
-            }
-        row.update(load_before=load_before, load_after=load_average())
-        Path(args.worker_out).write_text(json.dumps(row))
-        return row
-    started, load_start, rows = time.time(), load_average(), []
-    for name in args.rows:
-        passed = sys.argv[1:] if argv is None else argv
-        row, err = run_worker(
-            __file__,
-            ["--worker", name, *passed],
-            WORK_DIR / f"trl_worker_{name}.json",
-            env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-            timeout=args.timeout,
-        )
-        row = row or {"row": name, "ok": False, "error": err}
-        rows.append(row)
-        print(
-            json.dumps(
-                {
-                    k: row.get(k)
-                    for k in (
-                        "row",
-                        "ok",
-                        "accuracy_before",
-                        "accuracy_after",
-                        "peak_bytes",
-                        "step_seconds_median",
-                        "error",
-                    )
-                }
-            ),
-            flush=True,
-        )
-    result = {
-        "command": "python -m benchmarks.trl_grpo " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine_info(),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "wall_seconds": round(time.time() - started, 1),
-        "settings": s,
-        "rows": rows,
-    }
-    write_result(Path(args.out) if args.out else RESULTS / f"trl_grpo{'_quick' if args.quick else ''}.json", result)
-    return result
+        ]
+        for ax, (key, title, scale) in zip(axes, panels):
+            ax.bar([r["name"] for r in rows], [r[key] / scale for r in rows], color=[f"C{i}" for i in range(len(rows))])
+            ax.set_title(title, fontsize=9)
+            ax.tick_params(axis="x", labelsize=8)
+        fig.suptitle(f"TRL GRPOTrainer vs logra fit, {res['settings']['steps']} steps", fontsize=10)
+        return fig
 
 
 if __name__ == "__main__":
-    main()
+    main(TrlGrpo)

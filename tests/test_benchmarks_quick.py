@@ -1,91 +1,86 @@
-"""The benchmarks' ``--quick`` modes run and write result files with the expected fields (not values).
+"""The benchmark harness and its results: one schema, every results file read, the README regenerated.
 
-Every script's ``--quick`` mode runs here, in ``make test`` and so in CI (about 3 min together),
-into a temporary directory, and its result goes through the plot and README generators. Peers
-that are not installed (``galore-torch``, ``apollo-torch``, ``bitsandbytes``, ``trl``: the
-``bench`` extra) must show up as failed rows with an error, never as missing rows.
+Fast checks only (no benchmark runs here: ``make bench`` runs every benchmark's quick mode): the
+harness writes the schema it documents, every committed result passes
+that schema, no results file is left unread, and ``benchmarks/README.md`` is exactly what
+``make_readme`` builds from the committed results. Then the benchmarks' pure summaries.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks import (
-    kl_control,
-    make_readme,
-    optimizer_memory,
-    plan_vs_measured,
-    plots,
-    quality,
-    reasoning_tasks,
-    trl_grpo,
-)
+from benchmarks import harness, kl_control, make_readme, plan_vs_measured, rl_table
+from benchmarks.common import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-MEMORY_ROW_FIELDS = {
-    "train_peak_bytes",
-    "steady_peak_bytes",
-    "optimizer_state_bytes",
-    "grad_bytes_after_backward",
-    "step_time_s_median",
-    "step_cpu_s_median",
-    "rss_before_model_bytes",
-    "load_before",
-    "load_after",
-}
-LOAD = {"1m", "5m", "15m"}
+class _Tiny(harness.Benchmark):
+    def row_names(self, args, settings):
+        return ["fine", "broken"]
+
+    def measure(self, name, settings):
+        if name == "broken":
+            raise RuntimeError("no kernel for this row")
+        return {"peak_bytes": 1}
 
 
-def _check_rows_recorded(rows: list[dict], key: str, wanted: list[str]) -> None:
-    assert [r[key] for r in rows] == wanted, "every planned row is recorded, failed ones included"
-    for r in rows:
-        assert isinstance(r["ok"], bool)
-        if not r["ok"]:
-            assert r["error"], f"failed row {r[key]} must say why"
+harness.bench("_tiny_test", title="test only")(_Tiny)
+harness._REGISTRY.pop("_tiny_test")  # registered for its instance only, not for the README
 
 
-def _check_header_loads(res: dict) -> None:
-    assert set(res["load_start"]) == LOAD and set(res["load_end"]) == LOAD
-    assert res["command"].startswith("python -m benchmarks.") and res["wall_seconds"] > 0
+def test_harness_writes_the_schema_and_records_failed_rows(tmp_path: Path) -> None:
+    res = harness.main(_Tiny, ["--out", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text()) == res
+    harness.check(res)
+    assert res["envelope"]["command"].startswith("python -m benchmarks.") and res["envelope"]["wall_seconds"] >= 0
+    assert (
+        set(res["envelope"]["load_start"]) == {"1m", "5m", "15m"} and "torch" in res["envelope"]["machine"]["versions"]
+    )
+    fine, broken = res["rows"]
+    assert fine["ok"] and fine["metrics"]["peak_bytes"] == 1 and fine["error"] is None
+    assert not broken["ok"] and broken["error"] == "RuntimeError: no kernel for this row" and broken["metrics"] == {}
+    bad = {"envelope": {k: 0 for k in harness.ENVELOPE if k != "wall_seconds"}, "settings": {}, "rows": [{"name": "x"}]}
+    with pytest.raises(ValueError, match=r"missing: envelope.wall_seconds, rows\[0\].ok"):
+        harness.check(bad)
 
 
-def _check_header(res: dict) -> None:
-    _check_header_loads(res)
-    assert res["machine"]["cores"] >= 1 and "torch" in res["machine"]["versions"]
+@pytest.mark.parametrize("name", list(harness.registry()))
+def test_committed_results_of_a_harness_benchmark_pass_the_schema(name: str) -> None:
+    entry = harness.registry()[name]
+    files = [f for f in (name, *entry.variants) if (RESULTS / f"{f}.json").is_file()]
+    assert files or entry.full is None or name == "memory_breakdown", f"{name}: no committed results"
+    for f in files:
+        harness.check(json.loads((RESULTS / f"{f}.json").read_text()))
+    quick = harness.QUICK_RESULTS / f"{name}.json"  # written by `make bench`, when it has run here
+    if quick.is_file():
+        harness.check(json.loads(quick.read_text()))
 
 
-def test_optimizer_memory_quick_fields_plots_and_readme(tmp_path: Path) -> None:
-    rows = optimizer_memory.ROWS  # every row: the peers not installed must be failed rows, not missing ones
-    res = optimizer_memory.main(["--quick", "--out", str(tmp_path / "optimizer_memory_quick.json")])
-    assert json.loads((tmp_path / "optimizer_memory_quick.json").read_text()) == res
-    _check_header(res)
-    assert set(res["sizes"]) == {"quick"} and res["shapes"]["quick"]["model_type"] == "qwen2"
-    got = res["sizes"]["quick"]
-    _check_rows_recorded(got, "name", rows)
-    for r in got:
-        if r["name"] not in ("adamw", "logra"):  # these two need nothing outside the project
-            continue
-        assert r["ok"], r.get("error")
-        assert MEMORY_ROW_FIELDS <= set(r)
-        assert {
-            "state_ratio_vs_adamw",
-            "train_memory_reduction_vs_adamw",
-            "step_time_ratio_vs_adamw",
-            "step_cpu_ratio_vs_adamw",
-        } <= set(r)
+def test_every_results_file_is_read_by_a_registered_benchmark() -> None:
+    read = {f for e in harness.registry().values() for f in (e.name, *e.variants)}
+    unread = sorted(p.name for p in RESULTS.glob("*.json") if p.stem not in read)
+    assert not unread, f"results files no registered benchmark renders (register them as variants): {unread}"
+    for path in RESULTS.glob("*.png"):
+        assert (RESULTS / f"{path.stem}.json").is_file(), f"results/{path.name} plots no results file"
 
-    written = plots.main(["--quick", "--results", str(tmp_path)])
-    assert [p.name for p in written] == ["optimizer_memory_quick.png"] and written[0].stat().st_size > 1000
-    readme = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")])
-    text = readme.read_text()
-    assert "## Optimizer memory and speed" in text and "| adamw |" in text
-    assert "_Not measured yet._ Run `.venv/bin/python -m benchmarks.quality --quick`" in text
+
+def test_readme_is_what_make_readme_builds_from_the_committed_results() -> None:
+    readme = ROOT / "benchmarks" / "README.md"
+    assert make_readme.build(False, RESULTS, readme) == readme.read_text(), "run python -m benchmarks.make_readme"
+
+
+def test_quick_and_full_commands_cover_every_benchmark() -> None:
+    from benchmarks import run_all
+
+    quick, entries = run_all.commands(quick=True), harness.registry().values()
+    assert {e.module for e in entries} <= {harness.registry()[n].module for n in quick}
+    assert all(cmd[3] == "--quick" for cmd in quick.values())
+    assert all(harness.registry()[n].full is not None for n in run_all.commands(quick=False))
 
 
 def test_kl_overhead_share_skips_warmup_and_pairs_steps() -> None:
@@ -142,86 +137,13 @@ def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
                 "shape": pvm.QUICK[size],
                 "predicted": pred,
                 "measured": {"default": {"train_peak_bytes": ratio * pred["peak_bytes"]}},
-                "error": {"default": {}},
+                "rel_error": {"default": {}},
             }
         )
     assert pvm.fit_allocator_slack(rows, "1m", run) == pytest.approx(0.2)
-    assert rows[0]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
-    assert rows[1]["error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
+    assert rows[0]["rel_error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[1]["rel_error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
     assert pvm.fit_allocator_slack(rows, "13m", run) is None
-
-
-def test_plan_vs_measured_quick_fields_and_readme(tmp_path: Path) -> None:
-    res = plan_vs_measured.main(["--quick", "--out", str(tmp_path / "plan_vs_measured_quick.json")])
-    assert json.loads((tmp_path / "plan_vs_measured_quick.json").read_text()) == res
-    assert res["command"].startswith("python -m benchmarks.") and set(res["load_start"]) == LOAD
-    assert res["summary"]["failed_rows"] == 0, [r.get("failed") for r in res["rows"]]
-    for row in res["rows"]:
-        assert {"params", "grads", "optimizer_state", "params_grads_state", "peak"} <= set(row["error"]["live"])
-        assert {"param_bytes", "optimizer_state_bytes", "train_peak_bytes"} <= set(row["measured"]["live"])
-    text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
-    section = text.split("## Memory planner vs measurement")[1].split("\n## ")[0]
-    assert section.count("\n| ") == len(res["rows"]) + 1, "one table row per size x optimizer x checkpointing"
-    assert "params+grads+state within 2%" in section and "peak within 20% under `live`" in section
-
-
-def test_quality_quick(tmp_path: Path) -> None:
-    res = quality.main(
-        ["--quick", "--jobs", "2", "--out", str(tmp_path / "q.json"), "--work-dir", str(tmp_path / "runs")]
-    )
-    _check_header(res)
-    assert res["settings"]["seeds"] == [0] and res["settings"]["steps"] == quality.QUICK["steps"]
-    assert res["settings"]["jobs"] == 2
-    rows = ["adamw", "logra_r8", "logra_r16", "galore_r16", "lora_r8"]
-    _check_rows_recorded(res["runs"], "row", rows)
-    for run in res["runs"][:3] + res["runs"][4:]:
-        assert run["ok"], run.get("error")
-        assert {"accuracy_before", "accuracy_after", "curve", "step_seconds_median", "load_before"} <= set(run)
-        assert run["curve"][0][0] == 0 and len(run["curve"]) >= 2
-        assert run["peak_rss_bytes"] > run["train_tensor_bytes"] > run["optimizer_state_bytes"] > 0
-    lora, adamw = res["runs"][4], res["runs"][0]
-    assert lora["optimizer_state_bytes"] < 0.2 * adamw["optimizer_state_bytes"]  # AdamW on the factors only
-    assert {"accuracy_after", "curve", "ok_runs"} <= set(res["summary"]["logra_r8"])
-    assert "accuracy_after_vs_adamw_points" in res["summary"]["logra_r8"]
-
-
-def test_kl_control_quick(tmp_path: Path) -> None:
-    res = kl_control.main(["--quick", "--out", str(tmp_path / "kl.json"), "--work-dir", str(tmp_path / "runs")])
-    _check_header(res)
-    assert {
-        "default_lr",
-        "high_lr",
-        "target_kl",
-        "min_scale",
-        "sample_tokens",
-        "measure_every",
-        "overhead_steps",
-    } <= set(res["settings"])
-    assert "overhead_share_max" in res["targets"]
-    _check_rows_recorded(res["runs"], "row", ["default_lr", "high_lr", "high_lr_kl_control", "demo_overhead"])
-    for run in res["runs"][:3]:
-        assert run["ok"], run.get("error")
-        assert {"kl/realized", "kl/predicted", "kl/step_scale", "val/accuracy"} <= set(run["curves"])
-        assert {"measured_steps", "realized_within_1.5T_share", "median_abs_log_realized_over_raw_predicted"} <= set(
-            run["kl"]
-        )
-    demo = res["runs"][3]
-    if importlib.util.find_spec("vllm") is None:  # the demo config runs a vLLM engine
-        return
-    assert demo["ok"], demo.get("error")
-    assert demo["overhead"]["steps_used"] == kl_control.QUICK["steps"]
-    assert {"overhead_share", "step_seconds_median", "control_seconds_median"} <= set(demo["overhead"])
-
-
-def test_trl_grpo_quick(tmp_path: Path) -> None:
-    res = trl_grpo.main(["--quick", "--out", str(tmp_path / "trl.json")])
-    _check_header(res)
-    _check_rows_recorded(res["rows"], "row", list(trl_grpo.ROWS))
-    for r in res["rows"]:
-        if r["ok"]:
-            assert {"peak_bytes", "step_seconds_median", "accuracy_before", "accuracy_after", "steps"} <= set(r)
-            assert r["steps"] == trl_grpo.QUICK_STEPS
-    assert all(r["ok"] for r in res["rows"] if r["row"].startswith("logra_")), "the logra rows need no peer"
 
 
 def test_sparse_bf16_delta_is_lossless_and_counts_changed_weights() -> None:
@@ -243,84 +165,12 @@ def test_sparse_bf16_delta_is_lossless_and_counts_changed_weights() -> None:
     assert row["changed_fraction"] < 0.5  # at lr 1e-6 most weights of magnitude ~0.02 keep their bf16 value
 
 
-@pytest.mark.vllm
-def test_sync_cost_quick_fields(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
-    from benchmarks import sync_cost
-
-    res = sync_cost.main(["--quick", "--out", str(tmp_path / "sync_cost_quick.json")])
-    _check_header_loads(res)
-    row = res["sizes"][res["headline_size"]]
-    assert row["ok"], row.get("error")
-    assert {"bytes", "seconds_median"} <= set(row["lowrank_sync"]) and {"bytes", "seconds_median"} <= set(
-        row["full_sync"]
-    )
-    assert isinstance(row["bytes_ratio"], float) and {"mean", "max"} <= set(row["logprob_gap_after_lowrank_syncs"])
-    coef = row["coefficient_bytes_ratio"]  # the engine keeps the bases: most syncs carry coefficients only
-    assert coef["bfloat16"] < coef["float32"] < row["bytes_ratio"]
-    assert set(row["wire_formats"]) == {"float32", "bfloat16", "bfloat16_unmatched"}
-    assert all(f["with_bases"]["syncs"] >= 1 and f["coefficients"]["syncs"] >= 1 for f in row["wire_formats"].values())
-    assert row["wire_formats"]["float32"]["drift_max"] <= 1e-4 and row["wire_formats"]["bfloat16"]["drift_max"] <= 1e-4
-    adamw, logra = row["sparse_delta_adamw_bf16"], row["sparse_delta_logra_bf16"]
-    for sparse in (adamw, logra):  # lossless: the receiver holds bf16(trainer) bit for bit
-        assert sparse["drift_max"] == 0.0 and sparse["syncs"] == res["run"]["steps"]["tiny"]
-        assert sparse["bytes_per_step"] == pytest.approx(6 * sparse["changed_fraction_median"] * row["params"], rel=0.2)
-    assert row["coefficient_vs_sparse_adamw"]["ratio"] == pytest.approx(
-        row["coefficient_sync"]["bfloat16"]["bytes"] / adamw["bytes_per_step"]
-    )
-    assert [p["lr"] for p in row["sparse_delta_lr_sweep"]] == list(res["run"]["sweep_lrs"])
-    lines, _ = sync_cost.section(res)
-    assert any("coefficients bf16" in line for line in lines)
-    assert any("sparse delta, AdamW" in line for line in lines)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.close(sync_cost.plot(res, plt))
-    assert plots.main(["--quick", "--results", str(tmp_path)])[0].name == "sync_cost_quick.png"
-    text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
-    assert "a step's sync sends" in text and "coefficients fp32 (× full)" in text
-
-
-def test_reasoning_tasks_quick_records_accuracy_memory_and_reductions(tmp_path: Path) -> None:
-    res = reasoning_tasks.main(
-        ["--quick", "--out", str(tmp_path / "reasoning_tasks_quick.json"), "--work-dir", str(tmp_path / "runs")]
-    )
-    _check_header(res)
-    rows = [r for r in reasoning_tasks.ROWS if r not in res["settings"]["pending"]]
-    assert {"adamw", "logra"} <= set(rows) and set(res["settings"]["pending"]) <= {"lora"}
-    assert [(r["row"], r["lr"]) for r in res["sweep_runs"]] == [
-        (row, lr) for row in rows for lr in reasoning_tasks.SWEEP_LRS[row][:1]
-    ]
-    assert all(res["sweep"][row]["lr"] in reasoning_tasks.SWEEP_LRS[row] for row in rows)
-    assert [(r["task"], r["row"]) for r in res["runs"]] == [(t, row) for t in reasoning_tasks.TASKS for row in rows]
-    for run in res["runs"]:
-        assert run["ok"], run.get("error")
-        mem = run["memory"]
-        assert mem["peak_rss_bytes"] > mem["rss_before_model_bytes"] > 0 and mem["train_memory_bytes"] > 0
-        assert mem["state_bytes"] >= mem["param_bytes"] > 0 and 0.0 <= run["accuracy_after"] <= 1.0
-    logra = res["summary"]["average"]["logra"]
-    assert {
-        "train_memory_bytes_reduction_vs_adamw",
-        "peak_rss_bytes_reduction_vs_adamw",
-        "state_bytes_reduction_vs_adamw",
-        "accuracy_after_vs_adamw_points",
-    } <= set(logra)
-    adamw_state = res["summary"]["per_task"]["sorting"]["adamw"]["optimizer_state_bytes"]["mean"]
-    assert res["summary"]["per_task"]["sorting"]["logra"]["optimizer_state_bytes"]["mean"] < adamw_state
-    written = plots.main(["--quick", "--results", str(tmp_path)])
-    assert [p.name for p in written] == ["reasoning_tasks_quick.png"]
-    text = make_readme.main(["--quick", "--results", str(tmp_path), "--out", str(tmp_path / "README.md")]).read_text()
-    assert "## Reasoning tasks: the paper's table" in text and "| **average** | logra |" in text
-
-
 def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() -> None:
     sweep = [
         {"row": "adamw", "lr": lr, "ok": True, "late_reward": r} for lr, r in ((1e-4, 0.2), (3e-4, 0.5), (1e-3, 0.4))
     ]
     sweep.append({"row": "logra", "lr": 1e-3, "ok": False, "late_reward": None})
-    picked = reasoning_tasks.pick_lrs(sweep)
+    picked = rl_table.pick_lrs(sweep)
     assert picked["adamw"]["lr"] == 3e-4 and picked["logra"]["lr"] is None
 
     def run(task, row, seed, train, acc):
@@ -351,7 +201,7 @@ def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() ->
         run("b", "adamw", 1, 100, 0.5),
         run("b", "logra", 1, 80, 0.7),
     ]
-    got = reasoning_tasks.summarize(runs, ["adamw", "logra"])
+    got = rl_table.summarize(runs, ["adamw", "logra"])
     red = got["per_task"]["a"]["logra"]["train_memory_bytes_reduction_vs_adamw"]
     assert red["mean"] == pytest.approx(0.45) and red["min"] == pytest.approx(0.4)  # seeds: 1-60/100, 1-100/200
     avg = got["average"]["logra"]
