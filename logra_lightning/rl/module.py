@@ -91,7 +91,7 @@ from logra_lightning.rl.phases import announce_phase
 from logra_lightning.rl.samples import ScoredSamples
 from logra_lightning.rl.throughput import ModelDims, measure_peak_flops, training_dtype
 from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
-from logra_lightning.rollout import EngineSpec, HFEngineSpec, Rollout, SamplingConfig
+from logra_lightning.rollout import EngineSpec, HFEngineSpec, OffPolicyEngine, Rollout, SamplingConfig
 
 
 class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
@@ -286,7 +286,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             ref, _ = load_policy(self.model_path)
             self._ref = [ref.eval().requires_grad_(False)]
         self.engine = self.engine_spec.build(self.model_path, self.policy, self.tokenizer)
-        if self.hparams.off_policy_steps and not hasattr(self.engine, "submit"):
+        if self.hparams.off_policy_steps and not isinstance(self.engine, OffPolicyEngine):
             self.engine.close()
             raise ConfigError(
                 f"model.off_policy_steps=1 needs an engine that samples while the trainer trains; "
@@ -348,7 +348,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             prompts, answers, prompt_ids, fields = behind.prompts, behind.answers, behind.prompt_ids, behind.fields
             with announce_phase(self, "rollout", self._seconds):
                 rollout = self._checked(lambda: self.engine.wait(behind.pending), len(prompt_ids) * G)
-            lag = self.engine.policy_lag(rollout) if hasattr(self.engine, "policy_lag") else None
+            lag = self.engine.policy_lag(rollout)
             if lag is not None:
                 self.log("rollout/policy_lag", float(lag), batch_size=len(prompts))
         else:

@@ -158,9 +158,12 @@ def add_through_loader_(
 
 # --------------------------------------------------------------- the extension
 def _quiet_reload_logs():
-    """Reloading a subset of modules makes vLLM warn about every module not reloaded; that is intended here."""
+    """Reloading a subset of modules makes vLLM warn about every module not reloaded, and loading the fp32 shadow
+    (or tracing with fp32 meta tensors) into a bf16 engine warns about every weight; both are intended here."""
     return quiet_loggers(
-        "vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace"
+        "vllm.model_executor.model_loader.reload.layerwise",
+        "vllm.model_executor.model_loader.reload.inplace",
+        "vllm.model_executor.models.utils",
     )
 
 
@@ -261,7 +264,8 @@ class LowRankApplier:
         loader = get_model_loader(vllm_config.load_config)
         weights = list(loader.get_all_weights(vllm_config.model_config, model))
         st.shapes = {name: tuple(t.shape) for name, t in weights}
-        st.targets = trace_targets(model, st.shapes.items())
+        with _quiet_reload_logs():
+            st.targets = trace_targets(model, st.shapes.items())
         for name in st.shapes:
             for module in st.modules_of(name):
                 if module in st.reload_modules:
