@@ -101,6 +101,11 @@ class LogCompletions(Callback):
         self.path: Path | None = None
 
     @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # trainer.log_dir is a broadcast under DDP/FSDP: every rank reads it here, not rank 0 alone in _write
+        self.path = Path(trainer.log_dir or trainer.default_root_dir) / "completions.jsonl"
+
+    @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         samples = getattr(pl_module, "last_samples", None)
         if samples is None or samples.step == self.last_logged or samples.step % self.every_n_steps:
@@ -111,8 +116,6 @@ class LogCompletions(Callback):
 
     @rank_zero_only
     def _write(self, trainer: L.Trainer, rows: list[dict]) -> None:
-        log_dir = trainer.log_dir or trainer.default_root_dir
-        self.path = Path(log_dir) / "completions.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
