@@ -56,6 +56,7 @@ MODULES = (
     "soak",
     "server_engine",
     "real_model_tasks",
+    "step_speed",
 )
 ENVELOPE = ("command", "machine", "load_start", "load_end", "wall_seconds")
 ROW = ("name", "ok", "error", "metrics")
