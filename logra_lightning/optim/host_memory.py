@@ -11,8 +11,8 @@ by what the allocator kept (``benchmarks/plan_vs_measured.py`` measures both).
 sketch hooks through a :class:`Trimmer`, once every 64 MiB of freed gradients, so what backward
 freed so far is gone before the tied embedding's gradients peak, and at the end of ``step()``,
 when the step's sketches, candidate updates and refresh buffers are gone. A trim walks every arena
-(milliseconds): one per hook, ~1,700 a step on SmolLM2-135M with 8 micro-batches, cost more than
-the step's matmuls, for no lower peak than one per 64 MiB (docs/memory.md).
+(milliseconds): one per hook, ~1,700 a step on SmolLM2-135M with 8 micro-batches, cost a fifth of
+the training phase, for no lower peak than one per 64 MiB (docs/speed.md).
 
 Elsewhere (musl, macOS, Windows) :func:`trim` does nothing and returns ``False``. Tensors on a
 GPU are untouched (the CUDA caching allocator keeps its own pool; this only trims host memory).
