@@ -66,8 +66,10 @@ def training_dtype(precision: str | None, param_dtype: torch.dtype) -> torch.dty
         return torch.bfloat16
     if precision.startswith("16"):
         return torch.float16
-    if precision.startswith(("64", "32")):
-        return torch.float64 if precision.startswith("64") else torch.float32
+    if precision.startswith("32"):
+        return torch.float32
+    if precision.startswith("64"):
+        return torch.float64
     return param_dtype
 
 
@@ -82,16 +84,14 @@ def measure_peak_flops(
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    best, deadline = float("inf"), None
+    best, deadline = float("inf"), time.perf_counter() + seconds
     for i in range(100):
         sync()
         start = time.perf_counter()
         a @ b
         sync()
-        elapsed = time.perf_counter() - start
         if i:  # the first call warms up the kernel choice and the caches
-            best = min(best, elapsed)
-        deadline = deadline or start + seconds
+            best = min(best, time.perf_counter() - start)
         if i >= 3 and time.perf_counter() > deadline:
             break
     return 2 * size**3 / best
