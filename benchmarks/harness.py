@@ -49,7 +49,7 @@ MODULES = (
     "trl_grpo",
     "architectures",
     "reasoning_tasks",
-    "memory_breakdown",
+    "archive",
     "direction_error",
     "real_shapes_memory",
     "ddp_comm",
@@ -137,13 +137,13 @@ def bench(
     name: str,
     *,
     title: str,
-    quick: list[str] | None = None,
+    quick: list[str] | None = (),
     full: list[str] | None = None,
     variants: tuple[str, ...] = (),
 ) -> Callable[[type], type]:
     """Register a :class:`Benchmark` class as the writer of ``results/<name>.json``.
 
-    ``quick``: the arguments of its smoke run (``--quick`` is added; ``make bench`` runs it);
+    ``quick``: the arguments of its smoke run (``--quick`` is added; ``make bench`` runs it; ``None``: none);
     ``full``: the arguments of the full run that recorded the committed results (``None``: the
     results come from a command of their own, given in the results' envelope); ``variants``: other
     committed results files of the same benchmark, rendered by the same report. Stack the decorator
@@ -156,7 +156,7 @@ def bench(
         impl.module = (spec.name if spec else cls.__module__).rsplit(".", 1)[-1]
         impl.name = getattr(impl, "name", name)
         cls._instance = impl
-        _REGISTRY[name] = Entry(name, title, impl, list(quick or []), full, variants)
+        _REGISTRY[name] = Entry(name, title, impl, quick, full, variants)
         return cls
 
     return register

@@ -1,0 +1,58 @@
+"""Results whose benchmark script is gone: each rendered from its committed file, never re-run.
+
+A study that answered its question leaves its results file and the README section that reads it; the script
+that measured it stays in git history (:attr:`Archived.script` at :attr:`Archived.commit`), so the numbers
+keep their command and the tree does not carry code that no run needs. ``make bench`` skips these entries
+(they have neither a quick nor a full run).
+
+``memory_breakdown_before_issue18``: per-tensor accounting of the ~100M step's peak, replaying every CPU
+allocation under ``torch.profiler`` (``profiled``), and the peak RSS with the default allocators
+(``rss_default``) and with RSS following live tensor bytes (``rss_live``); recorded before issue 18's storage
+changes. ``optimizer_memory`` measures LoGRA against the same floors as it is now.
+"""
+
+from __future__ import annotations
+
+from benchmarks.harness import Benchmark, bench
+from benchmarks.report import Col, command_head, table
+
+
+class Archived(Benchmark):
+    """A results file of a removed benchmark: how it reads, and where its script can still be found."""
+
+    archived = True
+    script: str
+    commit: str
+
+    def source(self) -> str:
+        where = f"`git show {self.commit}:{self.script}`"
+        return f"Recorded by `{self.script}`, removed from the tree after commit {self.commit} ({where})."
+
+
+BREAKDOWN = [
+    Col("row", "name"),
+    Col("live tensor peak MB", lambda s: s.get("peak_live_bytes", 0), "mb0"),
+    Col("RSS peak, mmap allocator MB", lambda s: s.get("rss_live_train_peak_bytes", 0), "mb0"),
+    Col("RSS peak, default MB", lambda s: s.get("rss_default_train_peak_bytes", 0), "mb0"),
+    Col("allocator slack", "allocator_slack", "pct"),
+    Col("state MB", lambda s: s.get("optimizer_state_bytes", 0), "mb1"),
+]
+
+
+@bench(
+    "memory_breakdown_before_issue18",
+    title="Where LoGRA's training memory went before issue 18 (per-tensor accounting)",
+    quick=None,
+)
+class MemoryBreakdown(Archived):
+    script, commit = "benchmarks/memory_breakdown.py", "08c5c3f"
+
+    def section(self, res: dict) -> list[str]:
+        """Per row: live tensor peak, RSS peak under both allocators, the slack; then the largest live groups."""
+        rows = [{"name": k, **s} for k, s in res["summary"].items()]
+        out = [self.source() + " " + command_head(res, end=False), "", *table(rows, BREAKDOWN), ""]
+        for r in (r["metrics"] for r in res["rows"] if r["ok"] and r["metrics"].get("mode") == "profiled"):
+            step = max((k for k in r["live"] if k.startswith("step")), key=lambda k: r["live"][k]["peak_live_bytes"])
+            top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["live"][step]["groups"]["by_group_mb"].items())[:8])
+            out += [f"- `{r['size']}/{r['name']}` live peak at {step}: {top} (MB)."]
+        return out + [""]
