@@ -34,6 +34,38 @@ def proc_memory() -> dict[str, int]:
     return {"VmRSS": host_memory.rss(), "VmHWM": host_memory.peak_rss()}
 
 
+def rss_baseline() -> int:
+    """Collect garbage, reset the kernel's peak-RSS counter and return ``VmRSS``: what a training-memory peak
+    (``VmHWM`` later minus this) is measured from."""
+    import gc
+
+    gc.collect()
+    reset_peak_rss()
+    return host_memory.rss()
+
+
+def qwen2(fields: dict, checkpointing: bool = True, **config):
+    """A random-init (seed 0) ``Qwen2ForCausalLM`` of config ``fields`` in train mode, without a KV cache and with
+    non-reentrant activation checkpointing unless ``checkpointing=False``: the benchmarks' model step."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    fields = {k: v for k, v in fields.items() if k != "model_type"}
+    model = Qwen2ForCausalLM(Qwen2Config(**fields, **config, use_cache=False))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+def random_tokens(vocab: int, batch: int, seq: int, n: int) -> list:
+    """``n`` seeded ``[batch, seq]`` batches of uniform token ids: the benchmarks' language-model data."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (batch, seq), generator=gen) for _ in range(n)]
+
+
 def load_average() -> dict[str, float]:
     """``os.getloadavg()`` as ``{"1m", "5m", "15m"}`` (runnable processes; 2 cores here)."""
     one, five, fifteen = os.getloadavg()

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.common import proc_memory, shape_config
+from benchmarks.common import proc_memory, qwen2, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main, row
 from benchmarks.report import Col, load_text, num, table
 
@@ -43,10 +43,7 @@ PROJECTED = ("qwen2.5-0.5b", "qwen2.5-7b", "llama-3-8b")
 
 
 def build(size: str) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**shape_config(size))).float()
+    return qwen2(shape_config(size), checkpointing=False).float()
 
 
 def _worker(rank: int, row: str, size: str, steps: int, out: str) -> None:

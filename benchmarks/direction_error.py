@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import shape_config
+from benchmarks.common import qwen2, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.optimizer_memory import RUN, _build_model
+from benchmarks.optimizer_memory import RUN
 from benchmarks.report import MB, Col, table
 
 FP32 = {"second_moment": "full", "basis_dtype": "float32", "exp_avg_dtype": "float32"}
@@ -50,7 +50,7 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
 
     torch.set_num_threads(RUN["full"]["threads"])
     cfg = shape_config(size)
-    model = _build_model(cfg, RUN["full"]["seq"])
+    model = qwen2(cfg, max_position_embeddings=RUN["full"]["seq"])
     names = {id(p): n for n, p in model.named_parameters()}
     opts = {
         v: LoGRA(

@@ -36,12 +36,11 @@ Departures from the issue-3 wording:
 
 from __future__ import annotations
 
-import gc
 import json
 import statistics
 import time
 
-from benchmarks.common import proc_memory, reset_peak_rss, shape_config
+from benchmarks.common import proc_memory, qwen2, random_tokens, reset_peak_rss, rss_baseline, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.optimizer_rows import (
     BF16_ROWS,
@@ -127,17 +126,6 @@ def _targets(t: dict) -> tuple[list[Target], list[Target]]:
     return issue3, issue18
 
 
-def _build_model(cfg: dict, seq: int):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**cfg, max_position_embeddings=seq, use_cache=False))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    return model
-
-
 def worker(name: str, size: str, run: dict) -> dict:
     """One row: build the model and optimizer, run warm-up + measured steps, read the peaks."""
     import importlib
@@ -152,15 +140,11 @@ def worker(name: str, size: str, run: dict) -> dict:
 
     torch.set_num_threads(run["threads"])
     cfg = shape_config(size)
-    gen = torch.Generator().manual_seed(0)
-    shape = (run["batch"], run["seq"])
-    data = [torch.randint(0, cfg["vocab_size"], shape, generator=gen) for _ in range(run["warmup"] + run["steps"])]
+    data = random_tokens(cfg["vocab_size"], run["batch"], run["seq"], run["warmup"] + run["steps"])
     if name in PEER_MODULES:
         importlib.import_module(PEER_MODULES[name])
-    gc.collect()
-    reset_peak_rss()
-    rss_before = proc_memory()["VmRSS"]
-    model = _build_model(cfg, run["seq"])
+    rss_before = rss_baseline()
+    model = qwen2(cfg, max_position_embeddings=run["seq"])
     if name == "lora":
         from logra_lightning.models.lora import LoRA
 

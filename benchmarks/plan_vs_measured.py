@@ -36,12 +36,11 @@ per allocator setting in ``measured`` and their errors in ``rel_error``.
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks.common import proc_memory, reset_peak_rss
+from benchmarks.common import proc_memory, qwen2, random_tokens, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.report import Col, Target, command_head, pct, table
 
@@ -50,6 +49,7 @@ FULL = {
     "100m": dict(vocab=32000, hidden=768, layers=12, intermediate=2048, heads=12, kv_heads=4),
     "400m": dict(vocab=32000, hidden=1280, layers=20, intermediate=3456, heads=20, kv_heads=4),
 }
+TINY = dict(vocab=64, hidden=32, layers=2, intermediate=64, heads=2, kv_heads=1)  # the runtime's warm-up step
 QUICK = {  # small enough for ~1 min, large enough that fixed allocator overheads stay small
     "1m": dict(vocab=4096, hidden=128, layers=2, intermediate=352, heads=2, kv_heads=1),
     "5m": dict(vocab=8192, hidden=256, layers=4, intermediate=704, heads=4, kv_heads=2),
@@ -110,26 +110,11 @@ def _warm_up_runtime(optimizer: str) -> None:
     """One step of a throwaway 2-layer model, so lazily loaded code, kernels and autograd threads
     (~20-35 MB, independent of the model size) are in the baseline, as a CUDA context would be."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from logra_lightning.optim import LoGRA, logra_param_groups
 
     for ckpt in (False, True):
-        cfg = Qwen2Config(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=16,
-            tie_word_embeddings=True,
-            use_cache=False,
-        )
-        model = Qwen2ForCausalLM(cfg)
-        if ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
+        model = qwen2(_config_dict(TINY, 16), checkpointing=ckpt)
         opt = (
             torch.optim.AdamW(model.parameters())
             if optimizer == "adamw"
@@ -144,26 +129,13 @@ def worker(size: str, optimizer: str, ckpt: bool, shape: dict, run: dict) -> dic
     import torch
 
     torch.set_num_threads(run["threads"])
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from logra_lightning.optim import LoGRA, logra_param_groups
 
-    gen = torch.Generator().manual_seed(0)
-    data = [
-        torch.randint(0, shape["vocab"], (run["batch"], run["seq"]), generator=gen)
-        for _ in range(run["warmup"] + run["steps"])
-    ]
-    adv = torch.randn(run["batch"], run["seq"] - 1, generator=gen)
+    data = random_tokens(shape["vocab"], run["batch"], run["seq"], run["warmup"] + run["steps"])
+    adv = torch.randn(run["batch"], run["seq"] - 1, generator=torch.Generator().manual_seed(1))
     _warm_up_runtime(optimizer)
-    gc.collect()
-    reset_peak_rss()
-    rss_before = proc_memory()["VmRSS"]
-    cfg = {k: v for k, v in _config_dict(shape, run["seq"]).items() if k != "model_type"}
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**cfg, use_cache=False))
-    if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
+    rss_before = rss_baseline()
+    model = qwen2(_config_dict(shape, run["seq"]), checkpointing=ckpt)
     if optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     else:

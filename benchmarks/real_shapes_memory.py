@@ -34,13 +34,12 @@ the RL step here computes the entropy too (epoch 0, as the module), which holds 
 
 from __future__ import annotations
 
-import gc
 import json
 import resource
 import time
 import traceback
 
-from benchmarks.common import ROOT, proc_memory, reset_peak_rss
+from benchmarks.common import ROOT, proc_memory, qwen2, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, load, main, out_path
 from benchmarks.report import MB, Col, command_head, met, num, table
 
@@ -115,7 +114,6 @@ def _rl_batch(vocab: int, run: dict):
 def rl_worker(row: str, run: dict) -> dict:
     """One RL step of the shape; peak RSS per phase."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from logra_lightning.models.shapes import load_architecture  # noqa: F401  (imported before the baseline)
     from logra_lightning.optim import LoGRA, logra_param_groups
@@ -135,18 +133,13 @@ def rl_worker(row: str, run: dict) -> dict:
 
     _warm_up_runtime("adamw" if spec["optimizer"] == "adamw" else "logra")
     out: dict = {"row": row, "spec": spec, "micro_batches": [len(g) for g in groups], "rlimit_data_bytes": limit}
-    gc.collect()
-    reset_peak_rss()
-    base = proc_memory()["VmRSS"]
+    base = rss_baseline()
     out["rss_before_model_bytes"] = base
     phases: dict[str, int] = {}
     phase = "build"
     start = time.perf_counter()
     try:
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(Qwen2Config(**fields, use_cache=False))
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
+        model = qwen2(fields)
         out["params"] = sum(p.numel() for p in model.parameters())
         if spec["optimizer"] == "adamw":
             opt = torch.optim.AdamW(model.parameters(), lr=1e-6)

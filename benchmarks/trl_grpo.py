@@ -37,7 +37,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, reset_peak_rss
+from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.quality import LORA_CONFIG, QUICK, find_logra_config, lora_adapter
 from benchmarks.report import Col, command_head, pct, table
@@ -87,8 +87,7 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
         def on_step_end(self, args, state, control, **kw):
             step_times.append(time.perf_counter() - self.t0)
 
-    reset_peak_rss()
-    rss_before = proc_memory()["VmRSS"]
+    rss_before = rss_baseline()
     model, tok = load_policy(path)
     acc_before = greedy_accuracy(
         HFEngine(model, tok), tok, test, exact, max_new_tokens=s["max_new_tokens"], batch_size=128
@@ -212,8 +211,7 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
         json.dumps(config_callbacks(s["config"])),
         *extra,
     ]
-    reset_peak_rss()
-    rss_before = proc_memory()["VmRSS"]
+    rss_before = rss_baseline()
     t0 = time.perf_counter()
     cli = logra_main(args)
     seconds = time.perf_counter() - t0
