@@ -139,10 +139,10 @@ def _real_shapes(name: str) -> dict[str, tuple[int, ...]]:
 
 @bench("ddp_comm", title="DDP: bytes all-reduced per step", quick=["--size", "quick", "--steps", "2"])
 class DdpComm(Benchmark):
+    flags = {"steps": 3, "work_dir": None}
+
     def add_arguments(self, ap) -> None:
         ap.add_argument("--size", default="25m", help="benchmarks/configs/qwen2-<size>.json")
-        ap.add_argument("--steps", type=int, default=3)
-        ap.add_argument("--work-dir", default=None)
 
     def settings(self, args) -> dict:
         return {

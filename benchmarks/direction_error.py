@@ -149,9 +149,10 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
     variants=("direction_error_25m",),
 )
 class DirectionError(Benchmark):
+    flags = {"steps": 12}
+
     def add_arguments(self, ap) -> None:
         ap.add_argument("--size", default="100m")
-        ap.add_argument("--steps", type=int, default=12)
         ap.add_argument("--gap", type=int, default=5, help="update_proj_gap (refreshes at steps 0, gap, 2 gap, ...)")
         ap.add_argument("--rank", type=int, default=RUN["full"]["rank"])
 

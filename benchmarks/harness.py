@@ -32,11 +32,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, ROOT, load_average, machine_info
+from benchmarks.report import command_head, table
 
 QUICK_RESULTS = ROOT / ".cache" / "bench_quick"  # git-ignored: quick runs check that a benchmark works
 # The benchmark modules; their registration order is the README's section order.
@@ -59,6 +61,17 @@ MODULES = (
     "step_speed",
 )
 ENVELOPE = ("command", "machine", "load_start", "load_end", "wall_seconds")
+# Flags several benchmarks take, spelled once: a benchmark names those it takes in ``flags``, with their defaults.
+FLAGS: dict[str, dict[str, Any]] = {
+    "config": dict(help="the RL config the runs start from"),
+    "lr": dict(type=float, help="learning rate of every row (default: from the configs)"),
+    "steps": dict(type=int, help="steps per run"),
+    "seeds": dict(type=int, nargs="*", help="seeds, one run per row each"),
+    "jobs": dict(type=int, help="runs at once"),
+    "rows": dict(nargs="*", help="subset of the rows"),
+    "sizes": dict(nargs="*", help="subset of the model sizes (benchmarks/configs/qwen2-<size>.json)"),
+    "work_dir": dict(help="logs of the runs (git-ignored)"),
+}
 ROW = ("name", "ok", "error", "metrics")
 
 
@@ -70,6 +83,8 @@ class Benchmark:
     """
 
     isolate = False
+    flags: dict[str, Any] = {}  # the :data:`FLAGS` it takes -> their defaults
+    columns: list = []  # the default section's table (report.Col over the flat rows)
 
     def add_arguments(self, ap: argparse.ArgumentParser) -> None:
         """The benchmark's own flags (the common ones are added by the harness)."""
@@ -105,9 +120,15 @@ class Benchmark:
     def summarize(self, settings: dict, rows: list[dict]) -> dict:
         return {}
 
+    def describe(self, res: dict) -> str:
+        """The default section's first paragraph after the command: what was run."""
+        return ""
+
     def section(self, res: dict) -> list[str]:
-        """The README section's Markdown lines (under its title)."""
-        raise NotImplementedError
+        """The README section's Markdown lines (under its title); by default the command, :meth:`describe`
+        and a table of :attr:`columns` over the rows."""
+        head = " ".join(x for x in (command_head(res), self.describe(res)) if x)
+        return [head, "", *table([flat(r) for r in res["rows"]], self.columns), ""]
 
     def plot(self, res: dict, plt) -> Any:
         return None
@@ -181,6 +202,12 @@ def row(name: str, measure: Callable[[], dict]) -> dict:
         return {"name": name, "ok": False, "error": f"{type(e).__name__}: {e}", "metrics": {}}
 
 
+def parallel(fn: Callable, items: list, jobs: int) -> list:
+    """``[fn(item) ...]`` with ``jobs`` at once: for work that waits on a process of its own (``logra fit``)."""
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(fn, items))
+
+
 def run_worker(module: str, args: list[str], out: Path, *, env=None, timeout: float | None = None) -> dict:
     """``python -m benchmarks.MODULE ARGS --worker-out OUT`` (ARGS name the row); the row it wrote."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +242,8 @@ def parser(impl: Benchmark) -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per isolated row")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    for name, default in impl.flags.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", default=default, **FLAGS[name])
     impl.add_arguments(ap)
     return ap
 

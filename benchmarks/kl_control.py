@@ -36,11 +36,10 @@ import inspect
 import json
 import math
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_callbacks, config_defaults, logra_fit
-from benchmarks.harness import Benchmark, bench, flat, main
+from benchmarks.harness import Benchmark, bench, flat, main, parallel
 from benchmarks.quality import QUICK
 from benchmarks.report import Col, clip, command_head, load_text, met, pct, table
 
@@ -202,10 +201,13 @@ COLS = [
     variants=("kl_control_200_steps",),
 )
 class KLControl(Benchmark):
+    flags = {
+        "config": str(CONFIGS / "arithmetic_tiny_logra.yaml"),
+        **dict.fromkeys(("steps", "seeds", "jobs")),
+        "work_dir": str(WORK_DIR / "kl_control"),
+    }
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument(
-            "--config", default=str(CONFIGS / "arithmetic_tiny_logra.yaml"), help="the stability runs' config"
-        )
         ap.add_argument(
             "--demo-config",
             default=str(CONFIGS / "arithmetic_tiny.yaml"),
@@ -217,15 +219,11 @@ class KLControl(Benchmark):
         ap.add_argument("--min-scale", type=float, default=None, help="default: the demo config's")
         ap.add_argument("--sample-tokens", type=int, default=None, help="default: the demo config's")
         ap.add_argument("--measure-every", type=int, default=1, help="of the stability runs (the demo's is left as is)")
-        ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
         ap.add_argument("--val-every", type=int, default=None)
-        ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2 (--quick: 0)")
-        ap.add_argument("--jobs", type=int, default=None, help="stability runs at once (default 2; --quick 1)")
         ap.add_argument("--overhead-steps", type=int, default=None, help=f"default {OVERHEAD['steps']}")
         ap.add_argument(
             "--overhead-warmup", type=int, default=None, help="first steps left out of the overhead medians"
         )
-        ap.add_argument("--work-dir", default=str(WORK_DIR / "kl_control"))
 
     def settings(self, args) -> dict:
         base, demo = config_defaults(args.config), config_defaults(args.demo_config)
@@ -286,8 +284,7 @@ class KLControl(Benchmark):
             )
             return record(row, seed, lr, res, st["target_kl"], callbacks)
 
-        with ThreadPoolExecutor(max_workers=st["jobs"]) as pool:  # threads only wait on the `logra fit` processes
-            rows = list(pool.map(lambda p: stability_run(*p), [(seed, row) for seed in st["seeds"] for row in plan]))
+        rows = parallel(lambda p: stability_run(*p), [(seed, row) for seed in st["seeds"] for row in plan], st["jobs"])
         # the demo as shipped: its own optimizer, KLStepControl (measure_every included), engine and sync
         demo = config_defaults(args.demo_config)
         budget = budget_args(st["overhead_steps"], demo["val_check_interval"], test_size)

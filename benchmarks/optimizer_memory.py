@@ -241,9 +241,9 @@ def add_ratios(rows: list[dict]) -> None:
 class OptimizerMemory(Benchmark):
     isolate = True
 
+    flags = dict.fromkeys(("sizes", "rows"))
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--sizes", nargs="*", default=None, help="subset of the sizes (full: 25m 100m 400m)")
-        ap.add_argument("--rows", nargs="*", default=None, help=f"subset of {ROWS + BF16_ROWS}")
         ap.add_argument(
             "--repeat",
             type=int,

@@ -261,9 +261,9 @@ def _targets(res: dict) -> list[Target]:
 
 @bench("plan_vs_measured", title="Memory planner vs measurement", quick=[], full=[])
 class PlanVsMeasured(Benchmark):
+    flags = {"sizes": None, "jobs": 2}  # jobs: worker processes at once (the peaks are per process)
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--sizes", nargs="*", default=None, help="subset of the size names")
-        ap.add_argument("--jobs", type=int, default=2, help="worker processes at once (peaks are per process)")
         ap.add_argument(
             "--fit-size", default="25m", help="size whose rows fit the allocator slack (the rest are held out)"
         )

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import json
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_defaults, logra_fit
-from benchmarks.harness import Benchmark, bench, main
+from benchmarks.harness import Benchmark, bench, main, parallel
 from benchmarks.report import Col, command_head, num, table
 from benchmarks.rl_table import stats
 
@@ -237,15 +236,17 @@ OPTIONAL = [  # shown when a result has them
     ),
 )
 class Quality(Benchmark):
+    flags = {
+        "config": str(CONFIGS / "arithmetic_tiny_adamw.yaml"),
+        **dict.fromkeys(("lr", "steps", "seeds", "jobs", "rows")),
+        "work_dir": str(WORK_DIR / "quality"),
+    }
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"), help="the AdamW RL config")
         ap.add_argument(
             "--logra-config", default=None, help="config whose LoGRA lr/update_proj_gap the low-rank rows use"
         )
-        ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
-        ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
         ap.add_argument("--val-every", type=int, default=None, help="steps between held-out evaluations")
-        ap.add_argument("--seeds", type=int, nargs="*", default=None, help="default 0 1 2")
         ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
         ap.add_argument("--galore-rank", type=int, default=16)
         ap.add_argument(
@@ -257,9 +258,6 @@ class Quality(Benchmark):
         ap.add_argument(
             "--bf16", action="store_true", help="add the bf16-weight rows (three rounding rules, see BF16Weights)"
         )
-        ap.add_argument("--jobs", type=int, default=None, help=f"runs at once, 1 torch thread each (default {JOBS})")
-        ap.add_argument("--rows", nargs="*", default=None, help="subset of the rows (adamw, logra_r8, galore_r16, ...)")
-        ap.add_argument("--work-dir", default=str(WORK_DIR / "quality"), help="TensorBoard logs of the runs")
 
     def settings(self, args) -> dict:
         base, logra_cfg = config_defaults(args.config), find_logra_config(args.logra_config)
@@ -303,8 +301,7 @@ class Quality(Benchmark):
             "1",
         ]
         plan = [(row, seed, opt) for seed in settings["seeds"] for row, opt in settings["optimizers"].items()]
-        with ThreadPoolExecutor(max_workers=settings["jobs"]) as pool:  # threads only wait on the `logra fit` processes
-            return list(pool.map(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan))
+        return parallel(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan, settings["jobs"])
 
     def summarize(self, settings: dict, rows: list[dict]) -> dict:
         return summarize([{**r["metrics"], "ok": r["ok"]} for r in rows])

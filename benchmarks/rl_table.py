@@ -27,12 +27,11 @@ import hashlib
 import json
 import math
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 from benchmarks.common import WORK_DIR, logra_fit, tb_scalars
-from benchmarks.harness import Benchmark, flat, load, out_path
+from benchmarks.harness import Benchmark, flat, load, out_path, parallel
 from benchmarks.report import Col, bars
 
 ROWS = ("adamw", "logra", "lora")
@@ -253,12 +252,13 @@ class RLTable(Benchmark):
         """Rows of units before the sweep (the real model's base pass@k)."""
         return []
 
+    @property
+    def flags(self) -> dict:
+        return {"rows": list(ROWS), **dict.fromkeys(("seeds", "steps", "jobs")), "work_dir": str(WORK_DIR / self.name)}
+
     def add_arguments(self, ap) -> None:
         ap.add_argument("--tasks", nargs="*", default=list(self.tasks), help=f"subset of {self.tasks}")
-        ap.add_argument("--rows", nargs="*", default=list(ROWS), help=f"subset of {ROWS}")
-        ap.add_argument("--seeds", type=int, nargs="*", default=None)
         ap.add_argument("--later-seed-tasks", nargs="*", default=None, help="tasks that run the seeds after the first")
-        ap.add_argument("--steps", type=int, default=None, help=f"RL steps per run (default {self.full['steps']})")
         ap.add_argument("--sweep-steps", type=int, default=None, help=f"default {self.full['sweep_steps']}")
         ap.add_argument("--sweep-task", default=None, help=f"task of the lr sweep (default {self.tasks[0]})")
         ap.add_argument("--lr", nargs="*", default=None, help="ROW=LR: skip the sweep for that row, e.g. adamw=1e-5")
@@ -266,8 +266,6 @@ class RLTable(Benchmark):
         ap.add_argument("--test-size", type=int, default=None, help="held-out prompts per task (default: the configs')")
         ap.add_argument("--reuse", action="store_true", help="read back units already finished in --work-dir")
         ap.add_argument("--max-runs", type=int, default=None, help="run at most this many new units")
-        ap.add_argument("--jobs", type=int, default=None, help=f"units at once (default {self.full['jobs']})")
-        ap.add_argument("--work-dir", default=str(WORK_DIR / self.name), help="logs and records of the units")
 
     def settings(self, args) -> dict:
         mode = self.quick if args.quick else self.full
@@ -369,9 +367,8 @@ class RLTable(Benchmark):
             else:
                 why = MISSING if u.lr is not None else f"{MISSING} (waiting for the sweep)"
                 got[u] = {"name": u.name, "ok": False, "error": why, "metrics": u._asdict()}
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs or self.full["jobs"])) as pool:  # wait on processes
-            for u, row in zip(todo, pool.map(lambda u: self.fit(u, work_dir), todo)):
-                got[u] = row
+        for u, row in zip(todo, parallel(lambda u: self.fit(u, work_dir), todo, args.jobs or self.full["jobs"])):
+            got[u] = row
         return [got[u] for u in units]
 
     def fit(self, u: Unit, work_dir: Path) -> dict:

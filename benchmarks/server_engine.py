@@ -27,6 +27,8 @@ import os
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -88,9 +90,10 @@ def kill_group(pid: int) -> None:
 
 
 def start_server(port: int, pid_file: str, log_path: str):
-    from logra_lightning.cli import serve
-
-    proc = serve.spawn(MODEL, port, *SERVER_ARGS, log_path=log_path)
+    """``logra serve`` in its own session (so :func:`kill_group` also stops vLLM's engine processes)."""
+    cmd = [sys.executable, "-m", "logra_lightning", "serve", "--model", MODEL, "--port", str(port), *SERVER_ARGS]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     Path(pid_file).write_text(str(proc.pid))
     return proc
 
@@ -129,11 +132,11 @@ def sync_summary(run: dict) -> dict:
 
 @bench("server_engine", title="Engine in a separate vLLM server", quick=[])
 class ServerEngine(Benchmark):
+    flags = {"steps": None, "work_dir": str(WORK_DIR / "server_engine")}
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--steps", type=int, default=None)
         ap.add_argument("--restart-at", type=int, default=None)
         ap.add_argument("--throughput-steps", type=int, default=None, help="0: skip the throughput runs")
-        ap.add_argument("--work-dir", default=str(WORK_DIR / "server_engine"))
 
     def settings(self, args) -> dict:
         budget = QUICK if args.quick else FULL

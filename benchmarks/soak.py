@@ -205,11 +205,10 @@ def fit_command(config: str, steps: int, work_dir: Path, samples: Path, segment:
     variants=("soak_1100_no_trim", "soak_300_onednn_cache_64", "soak_300_onednn_cache_default"),
 )
 class Soak(Benchmark):
+    flags = {"config": str(CONFIGS / "arithmetic_tiny.yaml"), "steps": 1100, "work_dir": str(WORK_DIR / "soak")}
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny.yaml"))
-        ap.add_argument("--steps", type=int, default=1100)
         ap.add_argument("--resume", action="store_true", help="continue the run in --work-dir from its last checkpoint")
-        ap.add_argument("--work-dir", default=str(WORK_DIR / "soak"))
 
     def settings(self, args) -> dict:
         return {

@@ -470,11 +470,7 @@ SWEEP = [
 class SyncCost(Benchmark):
     isolate = True  # one engine per process
 
-    def add_arguments(self, ap) -> None:
-        ap.add_argument("--sizes", nargs="*", default=None, help=f"subset of {', '.join(SIZES)}")
-        ap.add_argument(
-            "--steps", type=int, default=None, help="LoGRA steps per wire format, every size (default: RUN)"
-        )
+    flags = dict.fromkeys(("sizes", "steps"))  # steps: LoGRA steps per wire format, every size (default: RUN)
 
     def settings(self, args) -> dict:
         run = dict(RUN["quick" if args.quick else "full"])

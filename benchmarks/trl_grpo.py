@@ -40,7 +40,7 @@ from pathlib import Path
 from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.quality import LORA_CONFIG, QUICK, find_logra_config, lora_adapter
-from benchmarks.report import Col, command_head, pct, table
+from benchmarks.report import Col, pct
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
@@ -261,14 +261,20 @@ def settings(args) -> dict:
 class TrlGrpo(Benchmark):
     isolate = True  # each row's peak memory in a process of its own
 
+    flags = {"config": str(CONFIGS / "arithmetic_tiny_adamw.yaml"), "lr": None, "steps": None, "rows": list(ROWS)}
+    columns = [
+        Col("row", lambda r: r["name"] + (f" (trl {r['version']})" if r.get("version") else "")),
+        Col("training memory MB", "peak_bytes", "mb0"),
+        Col("s/step (median)", "step_seconds_median", ".2f"),
+        Col("held-out accuracy", lambda r: f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}"),
+        Col("steps", "steps"),
+        Col("load at start", "load_before", "load"),
+    ]
+
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--config", default=str(CONFIGS / "arithmetic_tiny_adamw.yaml"))
         ap.add_argument("--logra-config", default=None)
-        ap.add_argument("--lr", type=float, default=None, help="lr of every row (default: from the configs)")
         ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
-        ap.add_argument("--steps", type=int, default=None)
         ap.add_argument("--seed", type=int, default=0)
-        ap.add_argument("--rows", nargs="*", default=list(ROWS))
 
     settings = staticmethod(settings)
 
@@ -302,22 +308,12 @@ class TrlGrpo(Benchmark):
             "step_seconds_median": statistics.median(steady) if steady else None,
         }
 
-    def section(self, res: dict) -> list[str]:
-        """Memory, step time and held-out accuracy: TRL's GRPOTrainer against `logra fit`."""
+    def describe(self, res: dict) -> str:
         st = res["settings"]
-        head = (
-            command_head(res) + f" {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
-            f"lr {st['lr']:g} (LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts."
+        return (
+            f"{st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, lr {st['lr']:g} "
+            f"(LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts."
         )
-        cols = [
-            Col("row", lambda r: r["name"] + (f" (trl {r['version']})" if r.get("version") else "")),
-            Col("training memory MB", "peak_bytes", "mb0"),
-            Col("s/step (median)", "step_seconds_median", ".2f"),
-            Col("held-out accuracy", lambda r: f"{pct(r['accuracy_before'])} → {pct(r['accuracy_after'])}"),
-            Col("steps", "steps"),
-            Col("load at start", "load_before", "load"),
-        ]
-        return [head, "", *table([flat(r) for r in res["rows"]], cols), ""]
 
     def plot(self, res: dict, plt):
         """Memory, s/step and accuracy after, one bar per row."""
