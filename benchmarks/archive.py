@@ -9,12 +9,17 @@ keep their command and the tree does not carry code that no run needs. ``make be
 allocation under ``torch.profiler`` (``profiled``), and the peak RSS with the default allocators
 (``rss_default``) and with RSS following live tensor bytes (``rss_live``); recorded before issue 18's storage
 changes. ``optimizer_memory`` measures LoGRA against the same floors as it is now.
+
+``direction_error`` (``_25m``): how far each of issue 18's storage choices (bf16 bases, bf16 first moment, the
+factored second moment) moves LoGRA's update on the same real gradients, against the all-fp32 full-second-moment
+LoGRA, and each variant's cosine to dense AdamW's direction. The script read the optimizer's pending candidates
+(private state); the choices it weighed are LoGRA's defaults now.
 """
 
 from __future__ import annotations
 
-from benchmarks.harness import Benchmark, bench
-from benchmarks.report import Col, command_head, table
+from benchmarks.harness import Benchmark, bench, flat
+from benchmarks.report import MB, Col, command_head, table
 
 
 class Archived(Benchmark):
@@ -56,3 +61,46 @@ class MemoryBreakdown(Archived):
             top = ", ".join(f"{k} {v:.1f}" for k, v in list(r["live"][step]["groups"]["by_group_mb"].items())[:8])
             out += [f"- `{r['size']}/{r['name']}` live peak at {step}: {top} (MB)."]
         return out + [""]
+
+
+def _last(key: str):
+    return lambda r: (r.get(key) or [None])[-1]
+
+
+DIRECTION = [
+    Col("variant", "name"),
+    Col("options", lambda r: f"`{r['options']}`"),
+    Col("state MB", "state_bytes", "mb1"),
+    Col("rel. err median (layers)", "rel_err_median_all_steps", ".4f"),
+    Col("median, last step", "rel_err_median_last_step", ".4f"),
+    Col("max", "rel_err_max_all_steps", ".3f"),
+    Col("embedding, last step", _last("embedding_rel_err_per_step"), ".3f"),
+    Col("cos vs AdamW, layers (median, last)", _last("cosine_vs_adamw_median_layers_per_step"), ".3f"),
+    Col("cos vs AdamW, embedding (last)", _last("cosine_vs_adamw_embedding_per_step"), ".3f"),
+]
+
+
+@bench(
+    "direction_error",
+    title="Update direction vs. state storage (issue 18)",
+    quick=None,
+    variants=("direction_error_25m",),
+)
+class DirectionError(Archived):
+    script, commit = "benchmarks/direction_error.py", "08c5c3f"
+
+    def section(self, res: dict) -> list[str]:
+        """One row per variant: state bytes, update error vs the reference (layers, embedding), cosine to AdamW."""
+        st, summary = res["settings"], res["summary"]
+        rows = [{**flat(r), **summary[r["name"]]} for r in res["rows"] if r["name"] in summary]
+        reference = next(r["metrics"]["state_bytes"] for r in res["rows"] if r["name"] == "reference")
+        return [
+            f"{self.source()} Command: `{res['envelope']['command']}` — ~{st['size']}, rank {st['rank']}, "
+            f"{st['steps']} steps, update_proj_gap {st['update_proj_gap']}; relative Frobenius error of each "
+            "matrix's update vs the all-fp32 full-V LoGRA on the same gradients.",
+            "",
+            *table(rows, DIRECTION),
+            "",
+            f"Reference state: {reference / MB:.1f} MB.",
+            "",
+        ]

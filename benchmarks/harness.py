@@ -52,7 +52,6 @@ MODULES = (
     "architectures",
     "reasoning_tasks",
     "archive",
-    "direction_error",
     "real_shapes_memory",
     "ddp_comm",
     "soak",
