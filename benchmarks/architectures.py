@@ -23,7 +23,7 @@ import functools
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, engine_drift
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.report import Col, command_head, met, table
 
@@ -34,26 +34,6 @@ PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
 def digit_share(prompts: list[str], completions: list[str], answers: list[str]) -> list[float]:
     """Reward: the share of digits in a completion (a random-init model gets varied rewards, so steps train)."""
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
-def sampled_gap(engine, policy, tokenizer, seed: int = 0) -> tuple[float, float]:
-    """``(mean, max)`` |engine - trainer| logprob of tokens the engine samples (T=1) from :data:`PROMPTS`."""
-    import torch
-
-    from logra_lightning.rollout import SamplingConfig
-
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
-    out = engine.generate(prompts, n=4, sampling=SamplingConfig(max_new_tokens=8, temperature=1.0, seed=seed))
-    diffs = []
-    for i, ids in enumerate(out.completion_ids):
-        prompt = out.prompt_ids[i // out.n]
-        seq = torch.tensor([prompt + ids])
-        with torch.no_grad():
-            logits = policy(seq).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
-        lp = torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompt) :, None]).squeeze(-1)  # [T]
-        diffs.append((lp - torch.tensor(out.logprobs[i])).abs())
-    d = torch.cat(diffs)
-    return float(d.mean()), float(d.max())
 
 
 def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, rank: int = 8) -> dict:
@@ -86,8 +66,9 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
             pl_module.engine_logprob_gap = None
 
         def on_train_end(self, trainer, pl_module):  # the engine is still up: sample after the last sync
-            record["final_gap_mean"], record["final_gap_max"] = sampled_gap(
-                pl_module.engine, pl_module.policy, pl_module.tokenizer
+            prompts = [pl_module.tokenizer.encode(p) for p in PROMPTS]
+            record["final_gap_mean"], record["final_gap_max"] = engine_drift(
+                pl_module.engine, pl_module.policy, prompts, max_new_tokens=8
             )
             start = record.pop("start_weights")
             moved = [

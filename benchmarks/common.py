@@ -106,6 +106,43 @@ def shape_config(name: str) -> dict[str, Any]:
     return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
 
 
+def sample(engine, prompts: list, n: int = 4, max_new_tokens: int = 16, seed: int = 0):
+    """``n`` seeded completions (temperature 1) per prompt from the engine, with the engine's logprobs."""
+    from logra_lightning.rollout import SamplingConfig
+
+    return engine.generate(
+        prompts, n=n, sampling=SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+    )
+
+
+def trainer_logprobs(policy, rollout) -> list:
+    """The trainer's logprob ``[T]`` of every sampled token of ``rollout``."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for i, ids in enumerate(rollout.completion_ids):
+            prompt = rollout.prompt_ids[i // rollout.n]
+            logits = policy(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
+            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1))  # [T]
+    return out
+
+
+def logprob_gap(a: list, b: list) -> tuple[float, float]:
+    """Mean / max ``|a - b|`` over all tokens (lists of per-completion logprob tensors or lists)."""
+    import torch
+
+    d = torch.cat([(torch.as_tensor(x) - torch.as_tensor(y)).abs() for x, y in zip(a, b)])
+    return d.mean().item(), d.max().item()
+
+
+def engine_drift(engine, policy, prompts: list, max_new_tokens: int = 16, seed: int = 0) -> tuple[float, float]:
+    """Mean / max ``|engine - trainer|`` logprob of 4 sampled completions per prompt: how far the engine's weights
+    are from the trainer's."""
+    out = sample(engine, prompts, max_new_tokens=max_new_tokens, seed=seed)
+    return logprob_gap(out.logprobs, trainer_logprobs(policy, out))
+
+
 def config_defaults(path: str | Path) -> dict[str, Any]:
     """The run settings a benchmark copies from a ``configs/*.yaml``: lr, steps, batch, group size, optimizer."""
     import yaml
@@ -182,6 +219,30 @@ def budget_args(steps: int, val_every: int, test_size: int | None = None) -> lis
     return args
 
 
+def fit_metrics(res: dict, **run) -> dict:
+    """A :func:`logra_fit` result as a results row's metrics: ``run``, the run's cost (seconds, loads, command) and,
+    if it finished, held-out accuracy before and after RL and the median step seconds."""
+    import statistics
+
+    out = {**run, **{k: res[k] for k in ("seconds", "load_before", "load_after", "command")}}
+    if res["ok"]:
+        out.update({k: res["summary"][k] for k in ("accuracy_before", "accuracy_after")})
+        out["step_seconds_median"] = statistics.median(v for _, v in res["scalars"]["perf/step_seconds"])
+    return out
+
+
+def fit_argv(name: str, config: str | Path, args: list[str], optimizer=None, callbacks=None, work_dir=WORK_DIR) -> list:
+    """The ``logra`` arguments of :func:`logra_fit`: ``fit --config CONFIG``, logs to ``work_dir/name/version_0``, no
+    checkpoints, ``args``, then ``optimizer`` and the callbacks (``None``: the config's) without ``ModelCheckpoint``."""
+    argv = ["fit", "--config", str(config), "--trainer.logger.init_args.save_dir", str(work_dir)]
+    argv += ["--trainer.logger.init_args.name", name, "--trainer.logger.init_args.version", "0"]
+    argv += ["--trainer.enable_checkpointing", "false", *args]
+    if optimizer is not None:
+        argv += ["--model.optimizer", json.dumps(optimizer)]
+    callbacks = config_callbacks(config) if callbacks is None else callbacks
+    return argv + ["--trainer.callbacks", json.dumps([c for c in callbacks if not _is(c, "ModelCheckpoint")])]
+
+
 def logra_fit(
     name: str,
     config: str | Path,
@@ -206,27 +267,7 @@ def logra_fit(
 
     log_dir = Path(work_dir) / name / "version_0"
     shutil.rmtree(log_dir, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "logra_lightning",
-        "fit",
-        "--config",
-        str(config),
-        "--trainer.logger.init_args.save_dir",
-        str(work_dir),
-        "--trainer.logger.init_args.name",
-        name,
-        "--trainer.logger.init_args.version",
-        "0",
-        "--trainer.enable_checkpointing",
-        "false",
-        *args,
-    ]
-    if optimizer is not None:
-        cmd += ["--model.optimizer", json.dumps(optimizer)]
-    callbacks = config_callbacks(config) if callbacks is None else callbacks
-    cmd += ["--trainer.callbacks", json.dumps([c for c in callbacks if not _is(c, "ModelCheckpoint")])]
+    cmd = [sys.executable, "-m", "logra_lightning", *fit_argv(name, config, args, optimizer, callbacks, work_dir)]
     env = {
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),

@@ -38,7 +38,7 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_callbacks, config_defaults, logra_fit
+from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_callbacks, config_defaults, fit_metrics, logra_fit
 from benchmarks.harness import Benchmark, bench, flat, main, parallel
 from benchmarks.quality import QUICK
 from benchmarks.report import Col, clip, command_head, load_text, met, pct, table
@@ -163,17 +163,11 @@ def overhead_summary(scalars: dict, warmup: int) -> dict:
 
 def record(row: str, seed: int, lr: float, res: dict, target: float | None, callbacks: list[dict] | None) -> dict:
     """The results row of one ``logra fit``: accuracy, KL curves and (with a ``target``) summary, step seconds."""
-    run = {"row": row, "seed": seed, "lr": lr, "callbacks": callbacks, "seconds": res["seconds"]}
-    run.update(load_before=res["load_before"], load_after=res["load_after"], command=res["command"])
+    run = fit_metrics(res, row=row, seed=seed, lr=lr, callbacks=callbacks)
     if res["ok"]:
         sc = res["scalars"]
-        run.update(
-            accuracy_before=res["summary"]["accuracy_before"],
-            accuracy_after=res["summary"]["accuracy_after"],
-            curves={k: [[int(s), v] for s, v in sc.get(k, [])] for k in KEEP},
-            **({"kl": kl_summary(sc, target)} if target is not None else {}),
-            step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
-        )
+        run["curves"] = {k: [[int(s), v] for s, v in sc.get(k, [])] for k in KEEP}
+        run.update({"kl": kl_summary(sc, target)} if target is not None else {})
     got = f"acc {run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}" if res["ok"] else "FAILED"
     print(f"{row} seed {seed}: {got}", flush=True)
     return {"name": f"{row}/seed{seed}", "ok": res["ok"], "error": res.get("error"), "metrics": run}

@@ -33,7 +33,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_defaults, logra_fit
+from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_defaults, fit_metrics, logra_fit
 from benchmarks.harness import Benchmark, bench, main, parallel
 from benchmarks.report import Col, command_head, num, table
 from benchmarks.rl_table import stats
@@ -176,23 +176,12 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
         work_dir=work_dir,
         env=ONE_THREAD,
     )
-    run = {
-        "row": row,
-        "seed": seed,
-        "lr": optimizer["init_args"]["lr"],
-        "seconds": res["seconds"],
-        "load_before": res["load_before"],
-        "load_after": res["load_after"],
-        "command": res["command"],
-    }
+    run = fit_metrics(res, row=row, seed=seed, lr=optimizer["init_args"]["lr"])
     if res["ok"]:
         sc = res["scalars"]
         run.update(
-            accuracy_before=res["summary"]["accuracy_before"],
-            accuracy_after=res["summary"]["accuracy_after"],
             curve=[[int(s), v] for s, v in sc.get("val/accuracy", [])],
             reward_mean=[[int(s), v] for s, v in sc.get("reward/mean", [])],
-            step_seconds_median=statistics.median(v for _, v in sc["perf/step_seconds"]),
             **memory_fields(sc),
         )
         if "bf16/lost_share" in sc:

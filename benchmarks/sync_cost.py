@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import shape_config
+from benchmarks.common import engine_drift, logprob_gap, sample, shape_config, trainer_logprobs
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.report import Col, command_head, load_text, met, num, table
 
@@ -98,40 +98,6 @@ def build_model_dir(size: str, path: Path) -> str:
     return str(path)
 
 
-def sample(engine, prompts, n: int = 4):
-    """``n`` seeded 16-token completions per prompt from the engine, with the engine's logprobs."""
-    from logra_lightning.rollout import SamplingConfig
-
-    return engine.generate(prompts, n=n, sampling=SamplingConfig(max_new_tokens=16, temperature=1.0, seed=0))
-
-
-def trainer_logprobs(policy, rollout) -> list:
-    """The trainer's logprob ``[T]`` of every sampled token of ``rollout``."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for i, ids in enumerate(rollout.completion_ids):
-            prompt = rollout.prompt_ids[i // rollout.n]
-            logits = policy(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
-            out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1))  # [T]
-    return out
-
-
-def gap(a: list, b: list) -> tuple[float, float]:
-    """Mean / max ``|a - b|`` over all tokens (lists of per-completion logprob tensors or lists)."""
-    import torch
-
-    d = torch.cat([(torch.as_tensor(x) - torch.as_tensor(y)).abs() for x, y in zip(a, b)])
-    return d.mean().item(), d.max().item()
-
-
-def drift(engine, policy, prompts) -> tuple[float, float]:
-    """Mean / max ``|engine - trainer|`` logprob of ``n`` sampled 16-token completions per prompt."""
-    out = sample(engine, prompts)
-    return gap(out.logprobs, trainer_logprobs(policy, out))
-
-
 def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(r[key] for r in rows) if rows else None
 
@@ -191,9 +157,9 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
             }
         )
         if k in checkpoints:
-            mean, worst = drift(engine, policy, prompts)
+            mean, worst = engine_drift(engine, policy, prompts)
             drifts.append({"syncs": k, "mean": mean, "max": worst})
-    moved = gap(trainer_logprobs(policy, start), start.logprobs)
+    moved = logprob_gap(trainer_logprobs(policy, start), start.logprobs)
     by_kind = {kind: [r for r in syncs if r["kind"] == kind] for kind in ("with_bases", "coefficients")}
     summary = {
         kind: {
@@ -302,7 +268,7 @@ def measure(size: str, run: dict) -> dict:
                 "seconds": time.perf_counter() - t,
             }
         )
-    gap_full = drift(engine, policy, prompts)
+    gap_full = engine_drift(engine, policy, prompts)
     formats = {
         wire: run_format(engine, policy, opt, wire, run["steps"][size], run, prompts, g, sparse=wire == "float32")
         for wire in FORMATS

@@ -173,49 +173,19 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     import lightning  # noqa: F401  (imports before the baseline, as for TRL)
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
-    from benchmarks.common import config_callbacks, tb_scalars
+    from benchmarks.common import budget_args, fit_argv, tb_scalars
     from logra_lightning.builtin import resolve_model
     from logra_lightning.cli import main as logra_main
 
     resolve_model("builtin:arithmetic-tiny")  # build/cache outside the measurement
     name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
-    args = [
-        "fit",
-        "--config",
-        s["config"],
-        "--trainer.max_steps",
-        str(s["steps"]),
-        "--trainer.val_check_interval",
-        str(s["steps"]),
-        "--trainer.enable_checkpointing",
-        "false",
-        "--trainer.logger.init_args.save_dir",
-        str(WORK_DIR),
-        "--trainer.logger.init_args.name",
-        name,
-        "--trainer.logger.init_args.version",
-        "0",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--seed_everything",
-        str(s["seed"]),
-        "--data.seed",
-        str(s["seed"]),
-        "--data.train.init_args.test_size",
-        str(s["test_size"]),
-        "--data.val.init_args.test_size",
-        str(s["test_size"]),
-        "--model.optimizer",
-        json.dumps(optimizer),
-        "--trainer.callbacks",
-        json.dumps(config_callbacks(s["config"])),
-        *extra,
-    ]
+    seeds = ["--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]), *extra]
+    args = [*budget_args(s["steps"], s["steps"], s["test_size"]), "--trainer.enable_progress_bar", "false", *seeds]
     rss_before = rss_baseline()
     t0 = time.perf_counter()
-    cli = logra_main(args)
+    logra_main(fit_argv(name, s["config"], args, optimizer))
     seconds = time.perf_counter() - t0
-    log_dir = cli.trainer.log_dir
+    log_dir = WORK_DIR / name / "version_0"
     summary = json.loads((Path(log_dir) / "summary.json").read_text())
     sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean"])
     return {
