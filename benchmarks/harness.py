@@ -65,6 +65,7 @@ FLAGS: dict[str, dict[str, Any]] = {
     "config": dict(help="the RL config the runs start from"),
     "lr": dict(type=float, help="learning rate of every row (default: from the configs)"),
     "steps": dict(type=int, help="steps per run"),
+    "val_every": dict(type=int, help="steps between held-out evaluations"),
     "seeds": dict(type=int, nargs="*", help="seeds, one run per row each"),
     "jobs": dict(type=int, help="runs at once"),
     "rows": dict(nargs="*", help="subset of the rows"),

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_callbacks, config_defaults, fit_metrics, logra_fit
 from benchmarks.harness import Benchmark, bench, flat, main, parallel
-from benchmarks.quality import QUICK
+from benchmarks.quality import QUICK, run_budget
 from benchmarks.report import Col, clip, command_head, load_text, met, pct, table
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
@@ -197,7 +197,7 @@ COLS = [
 class KLControl(Benchmark):
     flags = {
         "config": str(CONFIGS / "arithmetic_tiny_logra.yaml"),
-        **dict.fromkeys(("steps", "seeds", "jobs")),
+        **dict.fromkeys(("steps", "val_every", "seeds", "jobs")),
         "work_dir": str(WORK_DIR / "kl_control"),
     }
 
@@ -213,7 +213,6 @@ class KLControl(Benchmark):
         ap.add_argument("--min-scale", type=float, default=None, help="default: the demo config's")
         ap.add_argument("--sample-tokens", type=int, default=None, help="default: the demo config's")
         ap.add_argument("--measure-every", type=int, default=1, help="of the stability runs (the demo's is left as is)")
-        ap.add_argument("--val-every", type=int, default=None)
         ap.add_argument("--overhead-steps", type=int, default=None, help=f"default {OVERHEAD['steps']}")
         ap.add_argument(
             "--overhead-warmup", type=int, default=None, help="first steps left out of the overhead medians"
@@ -227,11 +226,6 @@ class KLControl(Benchmark):
         overrides = {"target_kl": args.target_kl, "min_scale": args.min_scale, "sample_tokens": args.sample_tokens}
         control = {**demo_control, **{k: v for k, v in overrides.items() if v is not None}}
         control["measure_every"] = args.measure_every
-        steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
-        val_every = args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"])
-        jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
-        if jobs < 1:
-            raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
         warmup = args.overhead_warmup if args.overhead_warmup is not None else (0 if args.quick else OVERHEAD["warmup"])
         return {
             "config": base["config"],
@@ -243,10 +237,7 @@ class KLControl(Benchmark):
             "min_scale": float(control["min_scale"]),
             "sample_tokens": control["sample_tokens"],
             "measure_every": args.measure_every,
-            "steps": steps,
-            "val_check_interval": min(val_every, steps),
-            "seeds": args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2]),
-            "jobs": jobs,
+            **run_budget(args, base),
             "logra": {"rank": base["rank"] or 8, "update_proj_gap": base["update_proj_gap"] or 50},
             "control": control,
             "demo_control": demo_control,

@@ -58,6 +58,23 @@ JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+def run_budget(args, base: dict) -> dict:
+    """Steps, held-out check interval, seeds and jobs of a rows x seeds benchmark: the flags, else (``--quick``)
+    :data:`QUICK`, else the config's steps and interval, seeds 0 1 2 and :data:`JOBS` at once."""
+    steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
+    val_every = args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"])
+    jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
+    if jobs < 1:
+        raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
+    seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
+    return {"steps": steps, "val_check_interval": min(val_every, steps), "seeds": seeds, "jobs": jobs}
+
+
+def lora_lr(args, default: float) -> float:
+    """The LoRA rows' lr: ``--lora-lr``, else ``--lr``, else the LoRA config's (``default`` without one)."""
+    return args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else default)
+
+
 def find_logra_config(explicit: str | None) -> str | None:
     """The LoGRA config whose lr/gap the LoGRA rows use (``None``: none in ``configs/``)."""
     if explicit:
@@ -227,7 +244,7 @@ OPTIONAL = [  # shown when a result has them
 class Quality(Benchmark):
     flags = {
         "config": str(CONFIGS / "arithmetic_tiny_adamw.yaml"),
-        **dict.fromkeys(("lr", "steps", "seeds", "jobs", "rows")),
+        **dict.fromkeys(("lr", "steps", "val_every", "seeds", "jobs", "rows")),
         "work_dir": str(WORK_DIR / "quality"),
     }
 
@@ -235,7 +252,6 @@ class Quality(Benchmark):
         ap.add_argument(
             "--logra-config", default=None, help="config whose LoGRA lr/update_proj_gap the low-rank rows use"
         )
-        ap.add_argument("--val-every", type=int, default=None, help="steps between held-out evaluations")
         ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
         ap.add_argument("--galore-rank", type=int, default=16)
         ap.add_argument(
@@ -251,29 +267,19 @@ class Quality(Benchmark):
     def settings(self, args) -> dict:
         base, logra_cfg = config_defaults(args.config), find_logra_config(args.logra_config)
         logra = config_defaults(logra_cfg) if logra_cfg else None
-        steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
-        val_every = min(args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"]), steps)
-        args.seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
         args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
         args.lora_ranks = args.lora_ranks if args.lora_ranks is not None else ([8] if args.quick else [16, 8])
-        jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
-        if jobs < 1:
-            raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
         adamw_lr = args.lr or base["lr"]
         logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
         gap = (logra or {}).get("update_proj_gap") or 50
-        lora_lr = args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else adamw_lr)
-        rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr)
+        rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr(args, adamw_lr))
         return {
             "config": base["config"],
             "logra_config": logra["config"] if logra else None,
-            "steps": steps,
-            "val_check_interval": val_every,
-            "seeds": args.seeds,
-            "jobs": jobs,
+            **run_budget(args, base),
             "adamw_lr": adamw_lr,
             "logra_lr": logra_lr,
-            "lora_lr": lora_lr,
+            "lora_lr": lora_lr(args, adamw_lr),
             "update_proj_gap": gap,
             "lora_adapters": {row: lora_adapter(int(row[len("lora_r") :])) for row in rows if row.startswith("lora_r")},
             "batch_size": base["batch_size"],

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.quality import LORA_CONFIG, QUICK, find_logra_config, lora_adapter
+from benchmarks.quality import QUICK, find_logra_config, lora_adapter, lora_lr
 from benchmarks.report import Col, pct
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
@@ -221,7 +221,7 @@ def settings(args) -> dict:
         "max_new_tokens": base["max_new_tokens"],
         "temperature": base["temperature"],
         "seed": args.seed,
-        "lora_lr": args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else lr),
+        "lora_lr": lora_lr(args, lr),
         "lora_adapter": lora_adapter(16),
         "test_size": QUICK["test_size"] if args.quick else test_size,
     }
