@@ -12,7 +12,10 @@ A benchmark is a :class:`Benchmark` subclass in a module under ``benchmarks/``, 
 The harness gives every benchmark ``--quick`` (tiny sizes; results go to ``.cache/bench_quick/``,
 never committed), ``--out`` and ``--timeout``, and the hidden ``--worker NAME --worker-out PATH``
 re-entry that measures one row in a fresh process (``isolate = True``), so that one row's peak
-memory or crash does not touch another's.
+memory or crash does not touch another's. Flags several benchmarks share (``--steps``, ``--seeds``,
+``--jobs``, ``--rows``, ...) are spelled once in :data:`FLAGS`; a benchmark lists those it takes in
+``flags`` with their defaults. A section that is the command, one sentence and one table is
+:attr:`Benchmark.columns` and :meth:`Benchmark.describe`.
 
 Example::
 

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,10 +134,6 @@ def command_head(res: dict, end: bool = True, loads: str = "load") -> str:
         return text + (f" ({e['note']})." if e.get("note") else ".")
     text += f" — {e['wall_seconds']:.0f} s, {loads} at start {load_text(e['load_start'])}"
     return text + (f", at end {load_text(e['load_end'])}." if end else ".")
-
-
-def settings_json(settings: dict) -> str:
-    return f"`{json.dumps(settings)}`"
 
 
 def clip(text: str, n: int) -> str:

@@ -2,8 +2,9 @@
 
 Fast checks only (no benchmark runs here: ``make bench`` runs every benchmark's quick mode): the
 harness writes the schema it documents, every committed result passes
-that schema, no results file is left unread, and ``benchmarks/README.md`` is exactly what
-``make_readme`` builds from the committed results. Then the benchmarks' pure summaries.
+that schema, no results file is left unread, ``benchmarks/README.md`` is exactly what
+``make_readme`` builds from the committed results, and every committed result plots. Then the
+benchmarks' pure summaries.
 """
 
 from __future__ import annotations
@@ -211,3 +212,22 @@ def test_reasoning_lr_pick_uses_training_reward_and_reductions_pair_by_seed() ->
     assert avg["accuracy_after_vs_adamw_points"]["mean"] == pytest.approx(((10 + 0) / 2 + (0 + 20) / 2) / 2)
     assert "train_memory_bytes_reduction_vs_adamw" not in got["average"]["adamw"]
     assert avg["state_bytes_reduction_vs_adamw"]["mean"] == pytest.approx((0.3 + 0.35) / 2)
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # a collapsed run has no curve to label
+def test_every_committed_result_plots() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = []  # the results whose figure has data (a collapsed run's has none)
+    for name, entry in harness.registry().items():
+        for f in (name, *entry.variants):
+            res = harness.load(f)
+            fig = res and entry.impl.plot(res, plt)
+            if fig:
+                drawn += [f] if any(ax.has_data() for ax in fig.axes) else []
+                plt.close(fig)
+    main = {"optimizer_memory", "quality", "kl_control", "sync_cost", "trl_grpo", "reasoning_tasks", "soak"}
+    assert main | {"real_model_tasks"} <= set(drawn)
