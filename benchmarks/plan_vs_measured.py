@@ -40,15 +40,20 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks.common import proc_memory, qwen2, random_tokens, rss_baseline
+from benchmarks.common import proc_memory, qwen2, random_tokens, rss_baseline, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.report import Col, Target, command_head, pct, table
 
-FULL = {
-    "25m": dict(vocab=32000, hidden=384, layers=8, intermediate=1024, heads=6, kv_heads=2),
-    "100m": dict(vocab=32000, hidden=768, layers=12, intermediate=2048, heads=12, kv_heads=4),
-    "400m": dict(vocab=32000, hidden=1280, layers=20, intermediate=3456, heads=20, kv_heads=4),
-}
+# A shape in short keys -> the Qwen2 config field of each.
+FIELDS = dict(
+    vocab="vocab_size",
+    hidden="hidden_size",
+    layers="num_hidden_layers",
+    intermediate="intermediate_size",
+    heads="num_attention_heads",
+    kv_heads="num_key_value_heads",
+)
+FULL = {s: {k: shape_config(s)[f] for k, f in FIELDS.items()} for s in ("25m", "100m", "400m")}
 TINY = dict(vocab=64, hidden=32, layers=2, intermediate=64, heads=2, kv_heads=1)  # the runtime's warm-up step
 QUICK = {  # small enough for ~1 min, large enough that fixed allocator overheads stay small
     "1m": dict(vocab=4096, hidden=128, layers=2, intermediate=352, heads=2, kv_heads=1),
@@ -73,17 +78,8 @@ MALLOC_DOC = {
 
 
 def _config_dict(shape: dict, seq: int) -> dict:
-    return dict(
-        model_type="qwen2",
-        vocab_size=shape["vocab"],
-        hidden_size=shape["hidden"],
-        intermediate_size=shape["intermediate"],
-        num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv_heads"],
-        max_position_embeddings=seq,
-        tie_word_embeddings=True,
-    )
+    fields = {FIELDS[k]: v for k, v in shape.items()}
+    return dict(model_type="qwen2", **fields, max_position_embeddings=seq, tie_word_embeddings=True)
 
 
 def _exact_bytes(model, opt) -> tuple[int, int, int]:

@@ -41,6 +41,7 @@ import traceback
 
 from benchmarks.common import ROOT, proc_memory, qwen2, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, load, main, out_path
+from benchmarks.plan_vs_measured import MALLOC, _warm_up_runtime
 from benchmarks.report import MB, Col, command_head, met, num, table
 
 SHAPE = "qwen2.5-0.5b"
@@ -69,7 +70,6 @@ OPT_ROWS = {
     "400m": ["floor_chunked", "logra_chunked"],
 }
 QUICK_ROWS = ["rl/logra_chunked", "rl/floor_chunked", "quick/logra_chunked"]
-LIVE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
 MAX_LIMIT_GIB = 22.0
 TARGETS = {"logra_over_floor_chunked_max": 1.10, "bf16_over_fp32_max": 0.6, "plan_error_max": 0.20}
 PHASES = ("pi_old", "forward_backward", "optimizer")
@@ -129,8 +129,6 @@ def rl_worker(row: str, run: dict) -> dict:
     groups = plan_micro_batches(seqs.lengths.tolist(), max_tokens=spec["budget"], packed=packed)
     limit = int(min(MAX_LIMIT_GIB * GiB, _mem_available() - GiB // 2))
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    from benchmarks.plan_vs_measured import _warm_up_runtime
-
     _warm_up_runtime("adamw" if spec["optimizer"] == "adamw" else "logra")
     out: dict = {"row": row, "spec": spec, "micro_batches": [len(g) for g in groups], "rlimit_data_bytes": limit}
     base = rss_baseline()
@@ -302,7 +300,7 @@ class RealShapesMemory(Benchmark):
         return {"run": RUN["quick" if args.quick else "full"], "targets": TARGETS, "bf16_steps": args.bf16_steps}
 
     def worker_env(self, name: str, settings: dict) -> dict[str, str]:
-        return LIVE_MALLOC if name.startswith("rl/") else {}
+        return MALLOC["live"] if name.startswith("rl/") else {}
 
     def measure(self, name: str, settings: dict) -> dict:
         from benchmarks import optimizer_memory
