@@ -1,32 +1,38 @@
-"""A full framework beside this one: TRL's ``GRPOTrainer`` vs ``logra fit`` on the same tiny RL task.
+"""A full framework beside this one: TRL's ``GRPOTrainer`` vs ``logra fit`` on the same RL task.
 
 Run (full: the AdamW config's steps, ~3 runs of a few minutes each on 2 cores):
 
     .venv/bin/python -m benchmarks.trl_grpo
     .venv/bin/python -m benchmarks.trl_grpo --lr 3e-5 --steps 300
     .venv/bin/python -m benchmarks.trl_grpo --quick          # 3 steps, 64 held-out prompts (CI)
+    # the real model (SmolLM2-135M-Instruct, reasoning-gym chain_sum), lrs as the real-model table swept them:
+    .venv/bin/python -m benchmarks.trl_grpo --config configs/smollm2_chain_sum.yaml --lr 3e-6 --logra-lr 3e-5 \
+        --lora-lr 1e-4 --rows trl_grpo logra_adamw logra_logra logra_lora --out benchmarks/results/trl_grpo_smollm2.json
 
-Rows, each in its own process (``--worker``), all on ``builtin:arithmetic-tiny`` (the warmed-up
-tiny Qwen2 of :mod:`logra_lightning.builtin.registry`), 1 torch thread, fp32, no activation checkpointing:
+Rows, each in its own process (``--worker``), on the config's model, problems, reward, precision
+(``bf16-mixed`` -> TRL's ``bf16=True``, autocast over fp32 weights) and torch threads:
 
 * ``trl_grpo``: ``trl.GRPOTrainer`` (version pinned in ``pyproject.toml``'s ``bench`` extra),
-  its own generation (``model.generate`` on CPU, no vLLM), ``torch.optim.AdamW``;
-* ``logra_adamw``: ``logra fit`` with the AdamW config (in-process, ``cli.main``);
+  its own generation (``model.generate`` on CPU: TRL's vLLM path supports vLLM 0.22-0.31 on a GPU,
+  here vLLM is 0.32's CPU build), ``torch.optim.AdamW``;
+* ``logra_adamw``: ``logra fit`` with the config and AdamW (in-process, ``cli.main``);
 * ``logra_logra``: the same with LoGRA (rank and gap as :mod:`benchmarks.quality` picks them);
 * ``logra_lora``: the same with LoRA (PEFT, :mod:`logra_lightning.models.lora`; rank 16, alpha 32, every
   attention/MLP matrix) and AdamW on the factors at the LoRA config's lr (``--lora-lr``);
 * ``trl_grpo_lora``: ``trl.GRPOTrainer`` with the same LoRA as its ``peft_config`` and lr.
 
+The ``logra fit`` rows keep the config's callbacks (with the real-model config: KL step control and
+the weight sync to vLLM); their s/step includes the sync, as TRL's includes its generation.
 Matched to the config: prompts per step (``batch_size``), ``group_size`` samples per prompt,
 ``max_new_tokens``, temperature, lr (constant, no warm-up, no gradient clipping: the Lightning
 loop has neither), token-level PPO-clip loss with ``clip_low``/``clip_high`` 0.2/0.28
 (TRL ``loss_type="dapo"``, ``epsilon_high=0.28``), group-std-normalized advantages, no KL
-term (``beta=0``), one optimizer step per rollout batch, exact-match reward. Held-out accuracy
-of every row is measured with the same code (greedy, :class:`~logra_lightning.rollout.HFEngine`,
-:class:`~logra_lightning.rewards.ExactMatchReward`) before and after training. Memory is
-measured like :mod:`benchmarks.optimizer_memory`: VmHWM over the run minus VmRSS after imports,
+term (``beta=0``), one optimizer step per rollout batch, the config's reward. Held-out accuracy
+of every row is measured with the same code (greedy decoding in the config's engine,
+:func:`~logra_lightning.rollout.greedy.greedy_accuracy`, the config's reward) before and after training. Memory is
+measured like :mod:`benchmarks.optimizer_memory`: VmHWM over training minus VmRSS after imports,
 before the model is loaded. If TRL cannot run here its row records the error.
-Results: ``benchmarks/results/trl_grpo.json``.
+Results: ``benchmarks/results/trl_grpo.json`` (tiny model), ``trl_grpo_smollm2.json`` (real model).
 """
 
 from __future__ import annotations
@@ -46,11 +52,55 @@ ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
 
 
-def _sources(s: dict):
-    from logra_lightning.data import ArithmeticSource
+def _task(s: dict) -> dict:
+    """The config's model, problems, reward, evaluation engine, precision and threads, built as ``logra fit`` does."""
+    import yaml
+    from lightning.pytorch.cli import instantiate_class
 
-    kw = dict(max_digits=2, ops="+", test_size=s["test_size"], seed=0)
-    return ArithmeticSource("train", **kw).load(), ArithmeticSource("test", **kw).load()
+    from logra_lightning.builtin import resolve_model
+    from logra_lightning.rewards.weighted import as_reward
+    from logra_lightning.rollout import HFEngineSpec
+
+    cfg = yaml.safe_load(Path(s["config"]).read_text())
+    model, data = cfg["model"], cfg["data"]
+
+    def build(spec):  # a class_path dict -> the object; anything else as the config gives it
+        return instantiate_class((), spec) if isinstance(spec, dict) and "class_path" in spec else spec
+
+    sources = []
+    for split in ("train", "val"):
+        spec = {**data[split], "init_args": {**data[split]["init_args"], "test_size": s["test_size"]}}
+        sources.append(build(spec))
+    return {
+        "path": resolve_model(model["model"]),
+        "sources": sources,  # their prompts are rendered once the tokenizer is known (load())
+        "reward": as_reward(build(model.get("reward"))),
+        "engine": build(model.get("engine")) or HFEngineSpec(),
+        "bf16": str(cfg.get("trainer", {}).get("precision", "32")).startswith("bf16"),
+        "threads": model.get("torch_threads") or 1,
+    }
+
+
+def _accuracy(task: dict, model, tok, s: dict) -> float:
+    """Held-out greedy accuracy in the config's engine, as the module's evaluation measures it."""
+    import tempfile
+
+    from logra_lightning.rollout import HFEngineSpec
+    from logra_lightning.rollout.greedy import greedy_accuracy
+
+    with tempfile.TemporaryDirectory() as d:
+        path = task["path"]
+        if not isinstance(task["engine"], HFEngineSpec):
+            model.save_pretrained(d)  # a separate engine process loads the trained weights from disk
+            tok.save_pretrained(d)
+            path = d
+        engine = task["engine"].build(path, model, tok)
+        try:
+            return greedy_accuracy(
+                engine, tok, task["test"], task["reward"], max_new_tokens=s["max_new_tokens"], batch_size=128
+            )
+        finally:
+            getattr(engine, "close", lambda: None)()
 
 
 def run_trl(s: dict, lora: dict | None = None) -> dict:
@@ -58,25 +108,17 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     ``peft_config``); returns timings, accuracy and memory fields."""
     import torch
 
-    torch.set_num_threads(1)
+    task = _task(s)
+    torch.set_num_threads(task["threads"])
     import datasets
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (model code imported before the baseline)
     import trl
     from transformers import TrainerCallback
 
-    from logra_lightning.builtin import resolve_model
     from logra_lightning.models import load_policy
-    from logra_lightning.rewards import ExactMatchReward
-    from logra_lightning.rollout import HFEngine
-    from logra_lightning.rollout.greedy import greedy_accuracy  # the module's evaluator
 
-    path = resolve_model("builtin:arithmetic-tiny")
-    train, test = _sources(s)
-    dataset = datasets.Dataset.from_list(train)
-    exact = ExactMatchReward()
-
-    def exact_match(prompts, completions, answer, **_):
-        return exact(prompts, completions, answer)
+    def score(prompts, completions, answer, **_):
+        return task["reward"](prompts, completions, answer)
 
     step_times: list[float] = []
 
@@ -88,10 +130,12 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
             step_times.append(time.perf_counter() - self.t0)
 
     rss_before = rss_baseline()
-    model, tok = load_policy(path)
-    acc_before = greedy_accuracy(
-        HFEngine(model, tok), tok, test, exact, max_new_tokens=s["max_new_tokens"], batch_size=128
-    )
+    model, tok = load_policy(task["path"])
+    for src in task["sources"]:
+        src.tokenizer = tok  # the prompts in the policy's chat template, as the data module renders them
+    train, task["test"] = (src.load() for src in task["sources"])
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train])
+    acc_before = _accuracy(task, model, tok, s)
     n = s["batch_size"] * s["group_size"]
     peft_config = None
     if lora is not None:
@@ -129,7 +173,7 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
         scale_rewards="group",
         use_vllm=False,
         use_cpu=True,
-        bf16=False,
+        bf16=task["bf16"],  # the config's precision: bf16 autocast over fp32 weights, as Lightning's bf16-mixed
         fp16=False,
         gradient_checkpointing=False,
         save_strategy="no",
@@ -142,7 +186,7 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     )
     trainer = trl.GRPOTrainer(
         model=model,
-        reward_funcs=exact_match,
+        reward_funcs=score,
         args=cfg,
         train_dataset=dataset,
         processing_class=tok,
@@ -152,9 +196,8 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     t0 = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - t0
-    acc_after = greedy_accuracy(
-        HFEngine(trainer.model, tok), tok, test, exact, max_new_tokens=s["max_new_tokens"], batch_size=128
-    )
+    peak = proc_memory()["VmHWM"]  # training's peak, before the evaluation engine is built
+    acc_after = _accuracy(task, trainer.model, tok, s)
     rewards = [[h["step"], h["reward"]] for h in trainer.state.log_history if "reward" in h]
     return {
         "version": trl.__version__,
@@ -165,6 +208,7 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
         "step_seconds": step_times,
         "reward_mean": rewards,
         "rss_before_model_bytes": rss_before,
+        "peak_rss_bytes": peak,
     }
 
 
@@ -174,10 +218,9 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
     from benchmarks.common import budget_args, fit_argv, tb_scalars
-    from logra_lightning.builtin import resolve_model
     from logra_lightning.cli import main as logra_main
 
-    resolve_model("builtin:arithmetic-tiny")  # build/cache outside the measurement
+    _task(s)  # builds and caches the model outside the measurement
     name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
     seeds = ["--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]), *extra]
     args = [*budget_args(s["steps"], s["steps"], s["test_size"]), "--trainer.enable_progress_bar", "false", *seeds]
@@ -187,14 +230,18 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     seconds = time.perf_counter() - t0
     log_dir = WORK_DIR / name / "version_0"
     summary = json.loads((Path(log_dir) / "summary.json").read_text())
-    sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean"])
+    sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean", "sync/seconds"])
+    steps = [v for _, v in sc["perf/step_seconds"]]
+    syncs = [v for _, v in sc.get("sync/seconds", [])][-len(steps) :]  # the start's full sync comes first
+    syncs = syncs if len(syncs) == len(steps) else [0.0] * len(steps)
     return {
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "steps": summary["steps"],
         "train_seconds": summary["train_seconds"],
         "fit_seconds": seconds,
-        "step_seconds": [v for _, v in sc["perf/step_seconds"]],
+        "step_seconds": [a + b for a, b in zip(steps, syncs)],  # with the weight sync: TRL's step has none
+        "sync_seconds": syncs,
         "reward_mean": sc.get("reward/mean", []),
         "rss_before_model_bytes": rss_before,
     }
@@ -213,7 +260,7 @@ def settings(args) -> dict:
         "config": args.config,
         "steps": args.steps or (QUICK_STEPS if args.quick else base["max_steps"]),
         "lr": lr,
-        "logra_lr": args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
+        "logra_lr": args.logra_lr or args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
         "logra_rank": (logra or {}).get("rank") or 8,
         "update_proj_gap": (logra or {}).get("update_proj_gap") or 50,
         "batch_size": base["batch_size"],
@@ -227,7 +274,7 @@ def settings(args) -> dict:
     }
 
 
-@bench("trl_grpo", title="A full framework: TRL GRPOTrainer", full=["--steps", "100"])
+@bench("trl_grpo", title="A full framework: TRL GRPOTrainer", full=["--steps", "100"], variants=("trl_grpo_smollm2",))
 class TrlGrpo(Benchmark):
     isolate = True  # each row's peak memory in a process of its own
 
@@ -243,6 +290,9 @@ class TrlGrpo(Benchmark):
 
     def add_arguments(self, ap) -> None:
         ap.add_argument("--logra-config", default=None)
+        ap.add_argument(
+            "--logra-lr", type=float, default=None, help="lr of the LoGRA row (default: --lr, else the LoGRA config's)"
+        )
         ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
         ap.add_argument("--seed", type=int, default=0)
 
@@ -274,14 +324,15 @@ class TrlGrpo(Benchmark):
         steady = out["step_seconds"][1:] or out["step_seconds"]
         return {
             **out,
-            "peak_bytes": proc_memory()["VmHWM"] - out["rss_before_model_bytes"],
+            "peak_bytes": out.get("peak_rss_bytes", proc_memory()["VmHWM"]) - out["rss_before_model_bytes"],
             "step_seconds_median": statistics.median(steady) if steady else None,
         }
 
     def describe(self, res: dict) -> str:
         st = res["settings"]
         return (
-            f"{st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, lr {st['lr']:g} "
+            f"`configs/{Path(st['config']).name}`, {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+            f"lr {st['lr']:g} "
             f"(LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts."
         )
 
