@@ -331,7 +331,8 @@ class TrlGrpo(Benchmark):
     def describe(self, res: dict) -> str:
         st = res["settings"]
         return (
-            f"`configs/{Path(st['config']).name}`, {st['steps']} steps, {st['batch_size']} prompts × {st['group_size']} samples, "
+            f"`configs/{Path(st['config']).name}`, {st['steps']} steps, "
+            f"{st['batch_size']} prompts × {st['group_size']} samples, "
             f"lr {st['lr']:g} "
             f"(LoGRA {st['logra_lr']:g}, rank {st['logra_rank']}), {st['test_size']} held-out prompts."
         )
