@@ -27,7 +27,9 @@ on ``Optimizer.register_step_post_hook``, so a module may take several steps per
 the callback talks to one interface, :func:`~logra_lightning.optim.two_phase.two_phase`
 (``prepare_update`` / ``update_max_abs`` / ``perturb_`` / ``set_step_scale``), with one
 control sequence: base logits → ``prepare_update()`` → ``eps`` from ``update_max_abs()``
-→ ``perturb_(eps)`` → probe logits → ``perturb_(-eps)`` → ``K`` → ``set_step_scale(eta)``.
+→ ``perturb_(eps)`` → probe logits → ``K`` → ``set_step_scale(eta)``. W is not moved back
+after the probe: the step takes it from ``W0 + eps * Δ`` to ``W0 + eta * Δ`` (both adapters
+track where ``perturb_`` left it), which saves one pass over the weights.
 Where the candidate Δ exists decides when it runs:
 
 - **LoGRA** (natively two-phase) holds Δ before its ``step()``, so the sequence runs in
@@ -276,8 +278,10 @@ class KLStepControl(L.Callback):
             two.perturb_(eps)
             try:
                 probe = self._probe(pl_module, record)
-            finally:
+            except BaseException:
                 two.perturb_(-eps)
+                raise
+            # W stays at W0 + eps * Δ: the step takes it from there to W0 + eta * Δ (one pass fewer)
             base = record["base"]
             K = float(softmax_variance_kl(base, (probe.double() - base.double()) / eps))
         K = self._reduce(trainer, pl_module, K, "mean")

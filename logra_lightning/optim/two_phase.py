@@ -20,8 +20,12 @@ Both have the same lifecycle, so a caller writes one path::
     two = two_phase(opt)
     two.begin()                      # before the optimizer's update
     # ... if two.candidate_before_step: control now; else after the optimizer's step:
-    two.prepare_update(); two.perturb_(eps); ...; two.perturb_(-eps); two.set_step_scale(eta)
+    two.prepare_update(); two.perturb_(eps); ...; two.set_step_scale(eta)
     two.finish()                     # W = W0 + eta * Δ (native: the optimizer's step does it)
+
+The update lands at ``W0 + eta * Δ`` from wherever ``perturb_`` left W (a native optimizer's
+``step()`` moves W from its accumulated perturbation, as LoGRA does), so a probe need not undo
+its perturbation before the step.
 
 Example::
 
