@@ -86,7 +86,7 @@ def run(size: str, steps: int, gap: int, rank: int) -> dict:
             adamw_dir = (m / (1 - 0.9 ** (step + 1))) / ((v2 / (1 - 0.999 ** (step + 1))).sqrt() + 1e-8)  # [m, n]
             ref = None
             for v, opt in opts.items():  # "reference" first
-                pend = opt._pending.get(p)  # a candidate.PendingUpdate
+                pend = opt.step_state.pending.get(p)  # a candidate.PendingUpdate
                 if pend is None or not pend.lowrank:
                     continue
                 d = sk.lowrank_delta(pend.direction, pend.basis, pend.side)  # [m, n]

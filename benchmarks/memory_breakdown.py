@@ -45,13 +45,12 @@ MODES = {"profiled": {}, "rss_default": {}, "rss_live": {"MALLOC_MMAP_THRESHOLD_
 _LOGRA_SCOPES = {  # LoGRA method -> record_function name (wrapped in the worker only)
     "_accumulate": "logra.hook_sketch",
     "_prepare_lowrank": "logra.moments_direction",
-    "_prepare_dense": "logra.dense_adam",
     "_next_basis": "logra.refresh_basis",
     "_apply": "logra.apply",
     "zero_grad": "logra.zero_grad",
 }
 _SKETCH_SCOPES = {"project": "logra.gradient_sketch", "range_sketch": "logra.range_sketch", "gaussian": "logra.omega"}
-_CANDIDATE_SCOPES = {"move_": "logra.apply_update"}  # optim/candidate.py, called as cand.move_
+_CANDIDATE_SCOPES = {"move_": "logra.apply_update", "dense_candidate": "logra.dense_adam"}  # called as cand.<name>
 
 
 def _wrap_logra_scopes() -> None:
