@@ -34,6 +34,9 @@ and buckets, a dense all-reduce. LoGRA warns once and names the fix.
 A parameter in ``"sketch"`` mode is also no longer broadcast from rank 0 by DDP at wrap time,
 so :meth:`LoGRA.setup_data_parallel` broadcasts it (a collective: every rank builds the optimizer).
 
+:class:`Replicas` is LoGRA's side of all this: the modes, and the one all-reduce of a step's
+sketches, run once per step by whichever comes first of clipping and ``prepare_update``.
+
 Example::
 
     >>> import torch
