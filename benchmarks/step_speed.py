@@ -68,7 +68,7 @@ def measure_row(settings: dict, cfg: dict) -> dict:
         for layer in decoder_layers(policy):
             layer.compile(dynamic=True)
     opt = LoGRA(list(policy.named_parameters()), lr=3e-5, rank=cfg["rank"], update_proj_gap=50, weight_decay=0.0)
-    opt._trimmer.every = settings["trim_every"]
+    opt.trimmer.every = settings["trim_every"]
     n, prompt, completion = cfg["sequences"], cfg["prompt_tokens"], cfg["completion_tokens"]
     vocab = min(policy.config.vocab_size, 40_000)
     seqs = pack_sequences(

@@ -40,8 +40,8 @@ def _sketched_norm(model, twin, opt) -> float:
     """sqrt(sum ||G Q||^2 or ||P.T G||^2 over matrices + sum ||g||^2 over the rest), from the twin's full G."""
     total = 0.0
     for p, q in zip(model.parameters(), twin.parameters()):
-        if id(p) in opt._matrices:
-            basis, side = opt.state[p]["basis"].float(), opt._matrices[id(p)].side
+        if opt.lowrank_matrix(p) is not None:
+            basis, side = opt.state[p]["basis"].float(), opt.lowrank_matrix(p).side
             s = q.grad @ basis if side == "right" else basis.T @ q.grad
             total += float(s.square().sum())
         else:

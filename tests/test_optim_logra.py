@@ -274,7 +274,7 @@ def test_step_scale_applies_that_fraction_of_the_update():
     opt_f.step()
     for a, b, w in zip(half.parameters(), full.parameters(), w0):
         torch.testing.assert_close(a - w, 0.5 * (b - w), rtol=1e-4, atol=6e-8)  # fp32 ulp of |W|~0.3
-    assert opt_h._step_scale == 1.0
+    assert opt_h.step_state.step_scale == 1.0
     assert int(opt_h.state[half[0].weight]["step"]) == 3
 
 

@@ -32,6 +32,7 @@ from logra_lightning.optim import rounding
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.matrix import LowRankMatrix, as_matrix
+from logra_lightning.optim.state_io import dense_placeholder
 from logra_lightning.sync.wire import LowRankUpdate
 
 
@@ -123,6 +124,8 @@ def take_next_basis_(st: dict, mat: LowRankMatrix, next_basis: torch.Tensor) -> 
 
 def dense_candidate(st: dict, grad: torch.Tensor, group: dict) -> PendingUpdate:
     """Advance a dense param's AdamW moments by ``grad`` (its local shard); Δ's direction is computed when used."""
+    if not st:  # its first step: zero moments shaped like the local shard (under FSDP2)
+        st.update(dense_placeholder(grad))
     st["step"] += 1
     beta1, beta2 = group["betas"]
     sk.adam_moments_(st["exp_avg"], st["exp_avg_sq"], grad.float(), beta1, beta2)
@@ -236,8 +239,8 @@ class AppliedUpdates:
     """The weight-sync methods of :class:`~logra_lightning.optim.LoGRA` (one of its bases).
 
     With ``record_updates`` set, each step keeps what it did to every low-rank param (:meth:`_record`)
-    for :meth:`pop_applied_updates`. Uses the optimizer's ``_applied``, ``_basis_versions``,
-    ``_matrices``, ``_params()``, ``_names()``, ``state`` and ``param_groups``.
+    for :meth:`pop_applied_updates`. Holds ``_applied`` and ``_basis_versions``; reads the
+    optimizer's ``named_params()``, ``lowrank_matrix(p)``, ``state`` and ``param_groups``.
     """
 
     def _record(self, p: torch.Tensor, pend: PendingUpdate, name: str, eta: float) -> LowRankUpdate:
@@ -266,7 +269,7 @@ class AppliedUpdates:
             KeyError: an update names no param of this optimizer.
             ValueError: a left factor does not hold this rank's rows of its matrix.
         """
-        matrices = {n: self._matrices.get(id(p)) for n, p in zip(self._names(), self._params())}
+        matrices = {n: self.lowrank_matrix(p) for n, p in self.named_params()}
         return gather_update_rows(updates, matrices)
 
     def dense_param_names(self) -> list[str]:

@@ -105,12 +105,7 @@ def _unroute() -> None:
 
 def _owners(params: list[torch.Tensor]) -> list[Any]:
     ids = {id(p) for p in params}
-    return [opt for opt in list(_OWNERS) if any(pid in ids for pid in opt._matrices)]
-
-
-def _sketched(opt: Any, p: torch.Tensor) -> bool:
-    """Whether ``p``'s gradient is sketched in backward (no ``.grad`` to clip elementwise)."""
-    return id(p) in opt._matrices and opt.sketch_in_backward and opt._dp_mode.get(id(p)) != "grad"
+    return [opt for opt in list(_OWNERS) if any(id(p) in ids for p in opt.lowrank_params())]
 
 
 def _dense_norm_sq(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -148,14 +143,14 @@ def clip_grad_norm_(
     if not owners:
         return _TORCH_NORM(params, max_norm, norm_type, error_if_nonfinite, foreach)
     for opt in owners:
-        if opt._prepared:  # the update was computed from this step's gradients already
-            if opt._clip_norm is None:
+        if opt.step_state.prepared:  # the update was computed from this step's gradients already
+            if opt.step_state.clip_norm is None:
                 raise RuntimeError(
                     "clip_grad_norm_ after LoGRA prepared its update (prepare_update(), e.g. by a step-control "
                     "callback) would not change the step: clip before prepare_update(). KLStepControl does that "
                     "itself when Trainer(gradient_clip_val=...) is set"
                 )
-            return opt._clip_norm  # clipped before the update was prepared (KLStepControl): nothing left to do
+            return opt.step_state.clip_norm  # clipped before the update was prepared (KLStepControl): done
     if float(norm_type) != 2.0:
         raise ValueError(
             f"clip_grad_norm_(norm_type={norm_type!r}) with LoGRA low-rank params: only norm_type=2 is supported "
@@ -165,15 +160,14 @@ def clip_grad_norm_(
     sharded: dict[Any, list[torch.Tensor]] = {}  # shard group -> right sketches holding this rank's rows
     keyed: list[tuple[Any, int]] = []
     for opt in owners:
-        opt._reduce_data_parallel()  # DDP replicas: the averaged sketches (and full gradients)
-        opt._complete_sketches()  # FSDP2: whole left sketches
+        opt.complete_gradients()  # DDP replicas: the averaged sketches (and full gradients); FSDP2: whole left ones
         for p in params:
-            s = opt._sketches.get(id(p))
-            if s is None or not _sketched(opt, p):
+            s = opt.step_state.sketches.get(id(p))
+            if s is None or not opt.sketches_in_backward(p):
                 continue
-            shard = opt._matrices[id(p)].shard
-            if shard is not None and opt._matrices[id(p)].side == "right":
-                sharded.setdefault(shard.group, []).append(s)
+            mat = opt.lowrank_matrix(p)
+            if mat.shard is not None and mat.side == "right":
+                sharded.setdefault(mat.shard.group, []).append(s)
             else:
                 sketches.append(s)
             keyed.append((opt, id(p)))
@@ -199,10 +193,10 @@ def clip_grad_norm_(
     for s in [*sketches, *(s for members in sharded.values() for s in members)]:
         s.mul_(coef)
     for opt, key in keyed:  # FSDP2 factored second moment: column sums of S*S, completed with the sketch
-        if key in opt._col_sums:
-            opt._col_sums[key].mul_(coef * coef)
+        if key in opt.step_state.col_sums:
+            opt.step_state.col_sums[key].mul_(coef * coef)
     for opt in owners:
-        opt._clip_norm = total
+        opt.step_state.clip_norm = total
     return total
 
 
@@ -217,7 +211,7 @@ def clip_grad_value_(
     """
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     for opt in _owners(params):
-        if any(_sketched(opt, p) for p in params):
+        if any(opt.sketches_in_backward(p) for p in params):
             raise ValueError(
                 f"clip_grad_value_(clip_value={clip_value}) (Lightning: gradient_clip_algorithm='value') cannot "
                 "clip LoGRA's low-rank matrices: their gradients are sketched and freed in backward, so no gradient "

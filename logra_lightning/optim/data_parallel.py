@@ -34,6 +34,9 @@ and buckets, a dense all-reduce. LoGRA warns once and names the fix.
 A parameter in ``"sketch"`` mode is also no longer broadcast from rank 0 by DDP at wrap time,
 so :meth:`LoGRA.setup_data_parallel` broadcasts it (a collective: every rank builds the optimizer).
 
+:class:`Replicas` is LoGRA's side of all this: the modes, and the one all-reduce of a step's
+sketches, run once per step by whichever comes first of clipping and ``prepare_update``.
+
 Example::
 
     >>> import torch
@@ -47,6 +50,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
+
+from logra_lightning._util import WarnOnce
 
 MODES = ("local", "sketch", "grad")
 
@@ -109,3 +114,101 @@ def broadcast_(tensors: Iterable[torch.Tensor], src: int = 0) -> None:
     """Overwrite ``tensors`` with rank ``src``'s values (DDP's start-up broadcast, for what it ignores)."""
     for t in tensors:
         dist.broadcast(t.data, src=src)
+
+
+class Replicas:
+    """LoGRA's side of data parallelism: each low-rank param's mode and the per-step sketch all-reduce.
+
+    Reads the optimizer through its public methods (``lowrank_params``, ``lowrank_matrix``,
+    ``param_group``, ``named_params``, ``state``, ``step_state``, ``sketch_in_backward``).
+
+    Attributes:
+        modes: ``id(p)`` -> the mode of each low-rank param (:func:`reduce_mode`).
+        bytes: bytes all-reduced for mode ``"sketch"`` so far.
+    """
+
+    def __init__(self) -> None:
+        self.modes: dict[int, str] = {}
+        self.bytes = 0
+        self._checked = False  # modes compared with the process group since the last setup
+        self._warn_once = WarnOnce()
+
+    def setup(self, opt) -> dict[str, int]:
+        """Set every low-rank param's mode; broadcast those entering ``"sketch"`` from rank 0 (a collective)."""
+        entering = []
+        for p in opt.lowrank_params():
+            mode = reduce_mode(p, opt.lowrank_matrix(p).shard)
+            if mode == "sketch" and self.modes.get(id(p)) != "sketch":
+                entering.append(p)
+            self.modes[id(p)] = mode
+        if entering:
+            broadcast_(entering)
+        self._checked = False
+        return {m: sum(v == m for v in self.modes.values()) for m in MODES}
+
+    def _check(self, opt) -> None:
+        """Once: the modes still match the process group and DDP marks (a mismatch would let replicas drift)."""
+        if self._checked:
+            return
+        self._checked = True
+        for name, p in opt.named_params():
+            mat = opt.lowrank_matrix(p)
+            if mat is not None and reduce_mode(p, mat.shard) != self.modes[id(p)]:
+                raise RuntimeError(
+                    f"LoGRA: {name!r} was set up for data-parallel mode {self.modes[id(p)]!r} but is now in "
+                    f"{reduce_mode(p, mat.shard)!r}: build LoGRA after torch.distributed.init_process_group, and "
+                    "call opt.setup_data_parallel() after keep_out_of_ddp() (LoGRADDPStrategy does both)"
+                )
+
+    def average_(self, opt) -> None:
+        """Average this step's sketches (and range sketches) of mode-``"sketch"`` params over the replicas.
+
+        One flat all-reduce per step, once (``step_state.reduced``). Every rank contributes every such
+        param in the same order: a zero sketch where it had no gradient, and a touched flag, so a
+        matrix that got a gradient on any replica steps on all of them. With
+        ``sketch_in_backward=False`` the full gradients are averaged instead.
+        """
+        step = opt.step_state
+        if step.reduced:
+            return
+        step.reduced = True
+        self._check(opt)
+        if "grad" in self.modes.values():
+            self._warn_once(
+                "ddp_grad",
+                "LoGRA under DDP that reduces its low-rank matrices: their full gradients are kept and "
+                "all-reduced (correct, but no gradient-memory or communication saving). Use "
+                "`Trainer(strategy='logra_ddp')` (logra_lightning.optim.LoGRADDPStrategy): it keeps them out of "
+                "DDP and LoGRA all-reduces their low-rank sketches instead",
+            )
+        members = [p for p in opt.lowrank_params() if self.modes[id(p)] == "sketch"]
+        if not members:
+            return
+        flags = torch.zeros(len(members), device=members[0].device)  # [P]: had a gradient here
+        tensors = [flags]
+        for i, p in enumerate(members):
+            if not opt.sketch_in_backward:
+                flags[i] = float(p.grad is not None)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                tensors.append(p.grad)
+                continue
+            mat, group, st = opt.lowrank_matrix(p), opt.param_group(p), opt.state[p]
+            flags[i] = float(id(p) in step.touched)
+            if id(p) not in step.sketches:
+                step.sketches[id(p)] = torch.zeros(mat.sketch_shape(), device=p.device)
+            tensors.append(step.sketches[id(p)])
+            if group["refresh"] == "randomized" and mat.refresh_due(st, group["update_proj_gap"]):
+                if "range" not in st:
+                    st["range"] = torch.zeros(mat.range_shape(group["oversample"]), device=p.device)
+                tensors.append(st["range"])
+        self.bytes += all_reduce_mean_(tensors)
+        for p, flag in zip(members, flags.tolist()):
+            if flag > 0:
+                step.touched.add(id(p))
+                continue
+            step.touched.discard(id(p))  # no replica had a gradient: no step, like one process
+            step.sketches.pop(id(p), None)
+            opt.state[p].pop("range", None)
+            if not opt.sketch_in_backward:
+                p.grad = None

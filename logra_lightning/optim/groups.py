@@ -281,3 +281,14 @@ def validate_storage(second_moment: str, basis_dtype, exp_avg_dtype) -> None:
         raise ValueError(f"Invalid second_moment: {second_moment!r} (allowed: {', '.join(map(repr, SECOND_MOMENTS))})")
     storage_dtype(basis_dtype, "basis_dtype")
     storage_dtype(exp_avg_dtype, "exp_avg_dtype")
+
+
+def validate_group(group: dict, *, sketch_in_backward: bool) -> None:
+    """Check one LoGRA param group (its hyperparameters, storage, and refresh rule); the message names the bad value."""
+    keys = ("lr", "betas", "eps", "weight_decay", "update_proj_gap", "scale", "side", "refresh", "oversample")
+    validate_hparams(*(group[k] for k in keys), group.get("rank"))
+    validate_storage(group["second_moment"], group["basis_dtype"], group["exp_avg_dtype"])
+    if group.get("rank") is not None and group["refresh"] == "svd" and sketch_in_backward:
+        raise ValueError(
+            "refresh='svd' needs the full gradient: set sketch_in_backward=False, or use refresh='randomized'"
+        )

@@ -1,12 +1,14 @@
 """LoGRA: Adam on low-rank gradient sketches, with dense AdamW for the rest (docs/design.md §2).
 
-The math lives in :mod:`logra_lightning.optim.sketch`; this class holds state
-and orchestrates: backward hooks that sketch and free gradients, the two-phase
-step (``prepare_update`` / ``perturb_`` / ``set_step_scale`` / ``step``) used by
-predicted-KL step control, basis refreshes, and factored update records for
-low-rank weight sync (its base :class:`~logra_lightning.optim.candidate.AppliedUpdates`;
-checkpoints: :class:`~logra_lightning.optim.state_io.Checkpointing`). Tested against
-:class:`LoGRAReference` in ``tests/test_optim_logra.py``; memory in ``benchmarks/optimizer_memory.py``.
+The math lives in :mod:`logra_lightning.optim.sketch`; this class holds state and orchestrates
+the two-phase step (``prepare_update`` / ``perturb_`` / ``set_step_scale`` / ``step``) used by
+predicted-KL step control and basis refreshes. Its bases hold the other jobs: backward hooks that
+sketch and free gradients (:class:`~logra_lightning.optim.gradients.SketchedGradients`), factored
+update records for low-rank weight sync (:class:`~logra_lightning.optim.candidate.AppliedUpdates`),
+checkpoints (:class:`~logra_lightning.optim.state_io.Checkpointing`); one step's sketches and
+candidate are a :class:`~logra_lightning.optim.step_state.StepState`, the replicas' average a
+:class:`~logra_lightning.optim.data_parallel.Replicas`. Tested against :class:`LoGRAReference` in
+``tests/test_optim_logra.py``; memory in ``benchmarks/optimizer_memory.py``.
 
 Choices and departures:
 
@@ -42,12 +44,10 @@ Choices and departures:
     64 MiB of freed gradients, and the end of ``step()`` call glibc's ``malloc_trim``
     (:mod:`~logra_lightning.optim.host_memory`).
 11. **Low-precision weights** (``bf16-true``): the fp32 update is added with one rounding by
-    ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`): round to nearest drops every update below
-    half a bf16 ulp of its weight, most of them at RL learning rates (docs/results.md, bf16 weights), so
-    ``"stochastic"`` (unbiased) is the default (``"kahan"``: a 2-byte compensation buffer).
-    Under ``bf16-mixed`` the hook and the step run with autocast off. fp16 with a loss scaler
-    (``GradScaler``, Lightning's ``16-mixed``) is refused at the first step: the scaler unscales and
-    inf-checks ``.grad`` only, so the sketches would keep the loss scale and escape its inf check.
+    ``bf16_update`` (:mod:`~logra_lightning.optim.rounding`; ``"stochastic"`` by default: round to
+    nearest drops most updates at RL learning rates, docs/results.md). Under ``bf16-mixed`` the hook
+    and the step run with autocast off. fp16 with a loss scaler (``16-mixed``) is refused at the
+    first step: the scaler unscales and inf-checks ``.grad`` only, not the sketches.
 12. **Data parallelism (DDP).** A low-rank matrix kept out of DDP (``strategy="logra_ddp"``) has its
     sketches (and range sketches) averaged by one all-reduce in the step instead of its gradient in
     backward; under plain DDP its full gradient is kept for DDP to average and sketched in the step
@@ -86,20 +86,22 @@ from logra_lightning.optim import data_parallel as dp
 from logra_lightning.optim import sharding as sh
 from logra_lightning.optim import sketch as sk
 from logra_lightning.optim.candidate import PendingUpdate
+from logra_lightning.optim.gradients import SketchedGradients
 from logra_lightning.optim.groups import (
     normalize_params,
     split_by_rank,
     storage_dtype,
+    validate_group,
     validate_hparams,
-    validate_storage,
 )
 from logra_lightning.optim.matrix import LowRankMatrix, resolve_side
+from logra_lightning.optim.step_state import StepState
 from logra_lightning.sync.wire import BasisVersions, LowRankUpdate
 
 __all__ = ["LoGRA", "resolve_side"]
 
 
-class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
+class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, SketchedGradients, torch.optim.Optimizer):
     """Adam whose moments live in rank-``r`` gradient sketches; dense AdamW for groups without ``rank``.
 
     Args:
@@ -190,40 +192,29 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         )
         self.sketch_in_backward = bool(sketch_in_backward)
         self.release_host_memory = bool(release_host_memory)
-        self._trimmer = host_memory.Trimmer()
+        self.trimmer = host_memory.Trimmer()  # choice 10
         self.seed = int(seed)
         self.bf16_update = bf16_update
         # bf16/fp16 weight entries whose nonzero update rounded to no change, of all such entries updated
         self.lost_updates = self.low_precision_updates = 0
         self.skipped_refreshes = self.skipped_updates = 0  # choice 4
         self.record_updates = False
-        self._applied: list[list[LowRankUpdate]] = []
+        self._applied: list[list[LowRankUpdate]] = []  # AppliedUpdates' records, popped by weight sync
         self._basis_versions = BasisVersions()  # recorded with each update: the engine may keep the basis
-        self._pending: dict[torch.Tensor, PendingUpdate] = {}  # param -> candidate, from prepare_update to step
-        self._prepared = False
-        self._perturb_total = 0.0  # the scale W sits at now (perturb_ moves it)
-        self._step_scale = 1.0
-        self._touched: set[int] = set()
+        # like p.grad, not state: the sketches, their completion and the candidate update (step_state.py)
+        self.step_state = StepState()
         self._warn_once = WarnOnce()
         self._hooks: list = []
         self._param_index: dict[int, int] = {}
         self._group_of: dict[int, dict] = {}
         self._matrices: dict[int, LowRankMatrix] = {}  # id(p) -> how a low-rank param is sketched
-        # id(p) -> accumulated gradient sketch: like p.grad, not state. Allocated by the first
-        # backward hook of a step, consumed by prepare_update(), dropped by zero_grad().
-        self._sketches: dict[int, torch.Tensor] = {}
-        # id(p) -> who averages a low-rank param's gradient across data-parallel replicas (choice 12)
-        self._dp_mode: dict[int, str] = {}
-        self._modes_checked = False
-        self.data_parallel_bytes = 0  # bytes LoGRA all-reduced for replicas so far (mode "sketch")
-        self._reset_completion()
-        self._clip_norm: torch.Tensor | None = None  # this step's norm, once clipped (choice 13)
+        self._replicas = dp.Replicas()  # who averages each low-rank gradient across replicas (choice 12)
         super().__init__(groups, defaults)
         for group in self.param_groups:
             self._init_group(group)
         self.setup_data_parallel()
         clipping.register(self)  # choice 13
-        if not any(self._is_lowrank(g) for g in self.param_groups):
+        if not any(g.get("rank") is not None for g in self.param_groups):
             self._warn_once(
                 "dense",
                 "LoGRA has no low-rank param group: every param gets dense AdamW. Pass `rank=` "
@@ -231,21 +222,42 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
             )
 
     # ----------------------------------------------------------------- setup
-    @staticmethod
-    def _is_lowrank(group: dict) -> bool:
-        return group.get("rank") is not None
-
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _names(self) -> list[str]:
-        return [n for g in self.param_groups for n in g["param_names"]]
+    def named_params(self) -> list[tuple[str, torch.Tensor]]:
+        """Every ``(name, param)`` in param-group order."""
+        return [(n, p) for g in self.param_groups for n, p in zip(g["param_names"], g["params"])]
+
+    def param_group(self, p: torch.Tensor) -> dict:
+        """The param group holding ``p``."""
+        return self._group_of[id(p)]
+
+    def lowrank_matrix(self, p: torch.Tensor) -> LowRankMatrix | None:
+        """How low-rank param ``p`` is sketched (side, shape, FSDP2 rows), or ``None`` for a dense param."""
+        return self._matrices.get(id(p))
+
+    def data_parallel_mode(self, p: torch.Tensor) -> str | None:
+        """Who averages low-rank param ``p``'s gradient across replicas (choice 12), ``None`` for a dense param."""
+        return self._replicas.modes.get(id(p))
+
+    @property
+    def data_parallel_bytes(self) -> int:
+        """Bytes LoGRA all-reduced for replicas so far (mode ``"sketch"``)."""
+        return self._replicas.bytes
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if hasattr(self, "_hooks") and self.param_groups[-1] is not None and self._group_of:
             self._init_group(self.param_groups[-1])
             self.setup_data_parallel()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """:meth:`Checkpointing.load_state_dict <logra_lightning.optim.state_io.Checkpointing.load_state_dict>`."""
+        try:
+            super().load_state_dict(state_dict)
+        finally:  # loading replaced the group dicts (also when a state tensor was then refused)
+            self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
 
     def lowrank_params(self) -> list[torch.Tensor]:
         """The params LoGRA sketches (the rest get dense AdamW)."""
@@ -259,36 +271,11 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         of DDP. A param that enters mode ``"sketch"`` is broadcast from rank 0, as DDP would have done
         at wrap time: a collective, so every rank calls this at the same point.
         """
-        entering = []
-        for p in self.lowrank_params():
-            mode = dp.reduce_mode(p, self._matrices[id(p)].shard)
-            if mode == "sketch" and self._dp_mode.get(id(p)) != "sketch":
-                entering.append(p)
-            self._dp_mode[id(p)] = mode
-        if entering:
-            dp.broadcast_(entering)
-        self._modes_checked = False
-        return {m: sum(v == m for v in self._dp_mode.values()) for m in dp.MODES}
+        return self._replicas.setup(self)
 
     def _init_group(self, group: dict) -> None:
-        validate_hparams(
-            group["lr"],
-            group["betas"],
-            group["eps"],
-            group["weight_decay"],
-            group["update_proj_gap"],
-            group["scale"],
-            group["side"],
-            group["refresh"],
-            group["oversample"],
-            group.get("rank"),
-        )
-        validate_storage(group["second_moment"], group["basis_dtype"], group["exp_avg_dtype"])
-        lowrank = self._is_lowrank(group)
-        if lowrank and group["refresh"] == "svd" and self.sketch_in_backward:
-            raise ValueError(
-                "refresh='svd' needs the full gradient: set sketch_in_backward=False, or use refresh='randomized'"
-            )
+        validate_group(group, sketch_in_backward=self.sketch_in_backward)
+        lowrank = group.get("rank") is not None
         for name, p in zip(group["param_names"], group["params"]):
             self._param_index.setdefault(id(p), len(self._param_index))
             self._group_of[id(p)] = group
@@ -307,170 +294,37 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         mat = self._matrices.get(id(p))
         return mat.shard if mat is not None else None
 
-    # -------------------------------------------------------------- sketching
-    def _accumulate(self, p: torch.Tensor, grad: torch.Tensor) -> None:
-        """Add one gradient's sketch (and range sketch on refresh steps) to this step's."""
-        mat, group = self._matrices[id(p)], self._group_of[id(p)]
-        self._sketches[id(p)] = mat.accumulate(self.state[p], grad, self._sketches.get(id(p)), group)
-        self._touched.add(id(p))
+    def complete_gradients(self) -> None:
+        """Make this step's gradients what the step will use: averaged over replicas, FSDP2 sketches whole.
 
-    @torch.no_grad()
-    @rounding.outside_autocast
-    def _sketch_hook(self, p: torch.Tensor) -> None:
-        if p.grad is None or self._dp_mode.get(id(p)) == "grad":
-            return  # mode "grad": DDP averages this gradient after the hook; the step sketches it
-        if self._dp_reduced or id(p) in self._completed:
-            raise RuntimeError(
-                "LoGRA: a backward after this step's gradients were completed (by clip_grad_norm_ or "
-                "prepare_update); call optimizer.step() or zero_grad() before the next backward"
-            )
-        nbytes = p.grad.numel() * p.grad.element_size()
-        self._accumulate(p, p.grad)
-        p.grad = None
-        if self.release_host_memory and p.device.type == "cpu":
-            self._trimmer.freed(nbytes)  # choice 10: freed gradients and activations leave the RSS
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop grads and the accumulated sketches, like grads (pending candidate updates are kept)."""
-        super().zero_grad(set_to_none=set_to_none)
-        if self.sketch_in_backward:
-            self._sketches.clear()
-            for p in self._params():
-                if id(p) in self._matrices:
-                    self.state[p].pop("range", None)
-        self._touched.clear()
-        self._reset_completion()
-        self._clip_norm = None
-
-    def _reset_completion(self) -> None:
-        """Forget this step's completion (data-parallel reduce, FSDP2 sketch completion, non-finite checks)."""
-        self._dp_reduced = False
-        self._completed: set[int] = set()
-        self._nonfinite: set[int] = set()
-        self._col_sums: dict[int, torch.Tensor] = {}
-
-    def gradient_sketches(self) -> list[torch.Tensor]:
-        """The accumulated gradient sketches of this step (what backward left in place of ``p.grad``)."""
-        return list(self._sketches.values())
+        Idempotent within a step; clipping calls it before measuring the norm.
+        """
+        self._replicas.average_(self)
+        self._complete_sketches()
 
     # ------------------------------------------------------------ two phases
     @torch.no_grad()
     @rounding.outside_autocast
     def prepare_update(self) -> None:
         """Advance step counts and moments and hold the candidate update Δ. Idempotent until applied."""
-        if self._prepared:
+        step = self.step_state
+        if step.prepared:
             return
-        self._reduce_data_parallel()
+        self._replicas.average_(self)
         self._sketch_full_grads()
         nonfinite, col_sums = self._complete_sketches()
         for group in self.param_groups:
             for p in group["params"]:
-                if id(p) in self._matrices:
-                    pend = (
-                        self._prepare_lowrank(p, group, id(p) in nonfinite, col_sums.get(id(p)))
-                        if id(p) in self._touched
-                        else None
-                    )
+                if id(p) in self._matrices and id(p) in step.touched:
+                    pend = self._prepare_lowrank(p, group, id(p) in nonfinite, col_sums.get(id(p)))
+                elif id(p) not in self._matrices and p.grad is not None:
+                    pend = cand.dense_candidate(self.state[p], local(p.grad), group)
                 else:
-                    pend = self._prepare_dense(p, group)
+                    continue
                 if pend is not None:
-                    self._pending[p] = pend
-        self._prepared = True
-        self._touched.clear()  # consumed: a step without optimizer.zero_grad() must not see it again
-        self._reset_completion()
-
-    def _sketch_full_grads(self) -> None:
-        """Sketch the full gradients kept through backward (GaLore-style): all of them with
-        ``sketch_in_backward=False``, those DDP averaged (mode ``"grad"``, choice 12) otherwise."""
-        for p in self.lowrank_params():
-            if self.sketch_in_backward and self._dp_mode[id(p)] != "grad":
-                continue
-            if self._dp_mode[id(p)] == "grad":
-                self._warn_once(
-                    "ddp_grad",
-                    "LoGRA under DDP that reduces its low-rank matrices: their full gradients are kept and "
-                    "all-reduced (correct, but no gradient-memory or communication saving). Use "
-                    "`Trainer(strategy='logra_ddp')` (logra_lightning.optim.LoGRADDPStrategy): it keeps them out of "
-                    "DDP and LoGRA all-reduces their low-rank sketches instead",
-                )
-            if id(p) in self._completed:
-                continue
-            self._touched.discard(id(p))
-            if p.grad is not None:
-                self._sketches.pop(id(p), None)
-                self.state[p].pop("range", None)
-                self._accumulate(p, p.grad)
-
-    def _complete_sketches(self) -> tuple[set[int], dict[int, torch.Tensor]]:
-        """Complete FSDP2's partial sketches and find non-finite ones, once per sketch and step."""
-        todo = [
-            (id(p), self._sketches[id(p)], mat.shard, mat.side == "left", mat.sums_col_sq)
-            for p, mat in ((p, self._matrices[id(p)]) for p in self.lowrank_params())
-            if id(p) in self._touched and id(p) not in self._completed
-        ]
-        nonfinite, col_sums = sh.complete_sketches(todo)
-        self._completed.update(key for key, *_ in todo)
-        self._nonfinite |= nonfinite
-        self._col_sums.update(col_sums)
-        return self._nonfinite, self._col_sums
-
-    def _reduce_data_parallel(self) -> None:
-        """Average this step's sketches (and range sketches) of mode-``"sketch"`` params over the replicas.
-
-        One flat all-reduce per step (choice 12). Every rank contributes every such param in the same
-        order: a zero sketch where it had no gradient, and a touched flag, so a matrix that got a
-        gradient on any replica steps on all of them. With ``sketch_in_backward=False`` the full
-        gradients are averaged instead.
-        """
-        if self._dp_reduced:
-            return
-        self._dp_reduced = True
-        self._check_data_parallel_modes()
-        members = [p for p in self.lowrank_params() if self._dp_mode[id(p)] == "sketch"]
-        if not members:
-            return
-        flags = torch.zeros(len(members), device=members[0].device)  # [P]: had a gradient here
-        tensors = [flags]
-        for i, p in enumerate(members):
-            if not self.sketch_in_backward:
-                flags[i] = float(p.grad is not None)
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                tensors.append(p.grad)
-                continue
-            mat, group, st = self._matrices[id(p)], self._group_of[id(p)], self.state[p]
-            flags[i] = float(id(p) in self._touched)
-            if id(p) not in self._sketches:
-                self._sketches[id(p)] = torch.zeros(mat.sketch_shape(), device=p.device)
-            tensors.append(self._sketches[id(p)])
-            if group["refresh"] == "randomized" and mat.refresh_due(st, group["update_proj_gap"]):
-                if "range" not in st:
-                    st["range"] = torch.zeros(mat.range_shape(group["oversample"]), device=p.device)
-                tensors.append(st["range"])
-        self.data_parallel_bytes += dp.all_reduce_mean_(tensors)
-        for p, flag in zip(members, flags.tolist()):
-            if flag > 0:
-                self._touched.add(id(p))
-                continue
-            self._touched.discard(id(p))  # no replica had a gradient: no step, like one process
-            self._sketches.pop(id(p), None)
-            self.state[p].pop("range", None)
-            if not self.sketch_in_backward:
-                p.grad = None
-
-    def _check_data_parallel_modes(self) -> None:
-        """Once: the modes still match the process group and DDP marks (a mismatch would let replicas drift)."""
-        if self._modes_checked:
-            return
-        self._modes_checked = True
-        for name, p in zip(self._names(), self._params()):
-            mat = self._matrices.get(id(p))
-            if mat is not None and dp.reduce_mode(p, mat.shard) != self._dp_mode[id(p)]:
-                raise RuntimeError(
-                    f"LoGRA: {name!r} was set up for data-parallel mode {self._dp_mode[id(p)]!r} but is now in "
-                    f"{dp.reduce_mode(p, mat.shard)!r}: build LoGRA after torch.distributed.init_process_group, and "
-                    "call opt.setup_data_parallel() after keep_out_of_ddp() (LoGRADDPStrategy does both)"
-                )
+                    step.pending[p] = pend
+        step.prepared = True
+        step.reset("completion")  # consumed: a step without optimizer.zero_grad() must not see it again
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
@@ -500,27 +354,19 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
     def _prepare_lowrank(self, p: torch.Tensor, group: dict, nonfinite: bool, col_sq_sum=None) -> PendingUpdate | None:
         st, mat = self.state[p], self._matrices[id(p)]
         if nonfinite:
-            del self._sketches[id(p)]
+            del self.step_state.sketches[id(p)]
             self.skipped_updates += 1
             self._warn_once("nan_update", "LoGRA: non-finite gradient sketch; skipping that matrix's step")
             st.pop("range", None)
             return None
         next_basis = self._next_basis(p, group, st) if mat.refresh_due(st, group["update_proj_gap"]) else None
-        sketch = self._sketches.pop(id(p))  # consumed here: freed once this step's moments are updated
+        sketch = self.step_state.sketches.pop(id(p))  # consumed here: freed once this step's moments are updated
         cand.advance_lowrank_moments_(st, mat, sketch, group, col_sq_sum)
         del sketch
         return cand.lowrank_candidate(st, mat, group, next_basis)
 
-    def _prepare_dense(self, p: torch.Tensor, group: dict) -> PendingUpdate | None:
-        if p.grad is None:
-            return None
-        st = self.state[p]
-        if not st:  # moments of the local shard under FSDP2
-            st.update(state_io.dense_placeholder(local(p)))
-        return cand.dense_candidate(st, local(p.grad), group)
-
     def _require_prepared(self, what: str) -> None:
-        if not self._prepared:
+        if not self.step_state.prepared:
             raise RuntimeError(f"{what} needs a candidate update: call opt.prepare_update() after backward first")
 
     @torch.no_grad()
@@ -529,7 +375,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
         """Max ``|element|`` of the scale-1 candidate update Δ (incl. weight decay) over all params."""
         self._require_prepared("update_max_abs()")
         best = 0.0
-        for p, pend in self._pending.items():
+        for p, pend in self.step_state.pending.items():
             delta = cand.update_delta(pend, local(p))
             if delta.numel():  # a rank may hold no rows of a small sharded matrix
                 best = max(best, float(delta.abs().max()))
@@ -546,19 +392,18 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
     def perturb_(self, alpha: float) -> None:
         """In place ``W += alpha * Δ`` for every param with a candidate; ``+a`` then ``-a`` restores W."""
         self._require_prepared("perturb_()")
-        alpha = float(alpha)
-        for p, pend in self._pending.items():
-            cand.move_(
-                local(p), pend, self._perturb_total, self._perturb_total + alpha, partial(self._add_low_precision, p)
-            )
-        self._perturb_total += alpha
+        alpha, step = float(alpha), self.step_state
+        for p, pend in step.pending.items():
+            add = partial(self._add_low_precision, p)
+            cand.move_(local(p), pend, step.perturb_total, step.perturb_total + alpha, add)
+        step.perturb_total += alpha
 
     def set_step_scale(self, eta: float) -> None:
         """The next ``step()`` applies ``eta * Δ`` (then the scale resets to 1)."""
         eta = float(eta)
         if not (math.isfinite(eta) and eta >= 0):
             raise ValueError(f"Invalid step scale: {eta} (must be finite and >= 0)")
-        self._step_scale = eta
+        self.step_state.step_scale = eta
 
     # GradScaler then hands this optimizer its scale instead of unscaling .grad itself (choice 11)
     _step_supports_amp_scaling = True
@@ -578,17 +423,16 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
                 loss = closure()
         with rounding.autocast_off():
             self.prepare_update()
-            self._apply(self._step_scale)
-        self._step_scale = 1.0
+            self._apply(self.step_state.step_scale)
         if self.release_host_memory and any(local(p).device.type == "cpu" for p in self._params()[:1]):
-            self._trimmer.flush()  # choice 10: this step's sketches and candidates are freed now
+            self.trimmer.flush()  # choice 10: this step's sketches and candidates are freed now
         return loss
 
     def _apply(self, eta: float) -> None:
         records: list[LowRankUpdate] = []
-        names = dict(zip(map(id, self._params()), self._names()))
-        for p, pend in self._pending.items():
-            cand.move_(local(p), pend, self._perturb_total, eta, partial(self._add_low_precision, p))
+        names = {id(p): n for n, p in self.named_params()}
+        for p, pend in self.step_state.pending.items():
+            cand.move_(local(p), pend, self.step_state.perturb_total, eta, partial(self._add_low_precision, p))
             if not pend.lowrank:
                 continue
             if self.record_updates:
@@ -597,10 +441,4 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, torch.optim.Optimizer):
                 cand.take_next_basis_(self.state[p], self._matrices[id(p)], pend.next_basis)
         if self.record_updates:
             self._applied.append(records)
-        self._reset_candidate()
-
-    def _reset_candidate(self) -> None:  # also called by state_io when a checkpoint is loaded
-        self._pending.clear()
-        self._prepared = False
-        self._perturb_total = 0.0
-        self._clip_norm = None
+        self.step_state.reset("candidate")

@@ -177,8 +177,8 @@ def restored_states(
 class Checkpointing:
     """``state_dict`` / ``load_state_dict`` of :class:`~logra_lightning.optim.LoGRA` (one of its bases).
 
-    Uses the optimizer's ``_params()``, ``_names()``, ``_matrices`` (``id(p)`` -> low-rank view),
-    ``_sketches``, ``_touched`` and ``_reset_candidate()``; ``super()`` is ``torch.optim.Optimizer``.
+    Reads the optimizer's ``named_params()``, ``lowrank_matrix(p)`` and ``step_state`` (forgotten on
+    load); ``super()`` is ``torch.optim.Optimizer``.
     """
 
     def state_dict(self) -> dict[str, Any]:
@@ -192,12 +192,12 @@ class Checkpointing:
         """
         sd = super().state_dict()
         state = sd["state"]  # keyed by position in param-group order; values are our live dicts: copy, don't edit
-        for idx, p in enumerate(self._params()):
-            mat = self._matrices.get(id(p))
+        for idx, (_, p) in enumerate(self.named_params()):
+            mat = self.lowrank_matrix(p)
             if idx not in state and mat is None:
                 state[idx] = dense_placeholder(local(p))
             if idx in state:
-                layout = dtensor_layout(p, state[idx], mat, pending_sketch=id(p) in self._sketches)
+                layout = dtensor_layout(p, state[idx], mat, pending_sketch=id(p) in self.step_state.sketches)
                 state[idx] = with_dtensors(state[idx], p, layout)
         return sd
 
@@ -210,8 +210,8 @@ class Checkpointing:
         """
         previous = self.state
         super().load_state_dict({**state_dict, "state": {}})  # checks group sizes, restores hyperparameters
-        self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for p, st in restored_states(state_dict, self._params(), self._names(), self._matrices, previous):
+        named = self.named_params()
+        matrices = {id(p): m for _, p in named if (m := self.lowrank_matrix(p)) is not None}
+        for p, st in restored_states(state_dict, [p for _, p in named], [n for n, _ in named], matrices, previous):
             self.state[p] = st
-        self._reset_candidate()
-        self._touched.clear()
+        self.step_state.reset("all")  # a step in flight belongs to the weights before the load

@@ -35,8 +35,12 @@ Departures from GRPO as published are listed in :mod:`logra_lightning.rl.loss`. 
    uninterrupted run sampled (the index is checkpointed; Lightning does not save the global RNG).
 
 Faults (a bad sample, a NaN, an empty batch, a failing engine) cost a step, not the run; the
-behaviour for each is tabulated in :mod:`logra_lightning.rl.faults`. Held-out evaluation is
-:class:`~logra_lightning.rl.evaluation.HeldOutEvaluation`; argument checks,
+behaviour for each is tabulated in :mod:`logra_lightning.rl.faults`. The module's bases hold the
+rest of the step by job: the passes over the policy on one micro-batch plan
+(:class:`~logra_lightning.rl.policy_passes.PolicyPasses`), seeded sampling and rewards
+(:class:`~logra_lightning.rl.sampling.EngineSampling`), the step's metrics
+(:class:`~logra_lightning.rl.step_metrics.StepMetrics`) and held-out evaluation
+(:class:`~logra_lightning.rl.evaluation.HeldOutEvaluation`); argument checks are
 :func:`~logra_lightning.config.checks.check_module_args`.
 
 Logged metrics:
@@ -55,8 +59,6 @@ Logged metrics:
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -68,7 +70,6 @@ from lightning.pytorch.cli import OptimizerCallable
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
-from logra_lightning._util import mix_seed
 from logra_lightning.builtin.registry import resolve_model
 from logra_lightning.config.checks import check_engine_context, check_module_args
 from logra_lightning.data.module import record_fields, repeat_fields
@@ -81,20 +82,23 @@ from logra_lightning.optim.clipping import clip_grad_norm_
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.rewards import as_reward
 from logra_lightning.rl.evaluation import HeldOutEvaluation
-from logra_lightning.rl.faults import FaultPolicy, all_ranks_agree, degenerate_rollout, engine_failure, grads_finite
+from logra_lightning.rl.faults import FaultPolicy, all_ranks_agree, degenerate_rollout, grads_finite
 from logra_lightning.rl.lm_head import DEFAULT_CHUNK_SIZE
-from logra_lightning.rl.logprobs import position_logits, sequence_logprobs, token_logprobs
-from logra_lightning.rl.loss import LossConfig, grpo_advantages, grpo_loss, masked_mean, tis_weights
-from logra_lightning.rl.micro_batches import plan_micro_batches, split_to_count, use_padding_free
+from logra_lightning.rl.logprobs import position_logits
+from logra_lightning.rl.loss import masked_mean
+from logra_lightning.rl.micro_batches import use_padding_free
 from logra_lightning.rl.offpolicy import OffPolicyQueue, Submitted
 from logra_lightning.rl.phases import announce_phase
+from logra_lightning.rl.policy_passes import PolicyPasses
 from logra_lightning.rl.samples import ScoredSamples
-from logra_lightning.rl.throughput import ModelDims, measure_peak_flops, training_dtype
-from logra_lightning.rl.trajectory import PackedBatch, Trajectory, logprob_gap, pack_sequences, right_align
-from logra_lightning.rollout import EngineSpec, HFEngineSpec, OffPolicyEngine, Rollout, SamplingConfig
+from logra_lightning.rl.sampling import EngineSampling
+from logra_lightning.rl.step_metrics import StepMetrics
+from logra_lightning.rl.throughput import ModelDims
+from logra_lightning.rl.trajectory import PackedBatch
+from logra_lightning.rollout import EngineSpec, HFEngineSpec, OffPolicyEngine, SamplingConfig
 
 
-class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
+class PolicyGradientModule(HeldOutEvaluation, PolicyPasses, EngineSampling, StepMetrics, L.LightningModule):
     """GRPO/DAPO-style policy-gradient RL on a causal LM (manual optimization).
 
     Args:
@@ -384,82 +388,6 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
         self._log_step(stats, rewards, rollout, start, len(prompts))
         self._log_mfu(traj, len(prompts))
 
-    def _trajectory(self, prompt_ids: list[list[int]], rollout: Rollout, rewards: torch.Tensor) -> Trajectory:
-        """The step's :class:`~logra_lightning.rl.trajectory.Trajectory`: sequences, advantages, and what stays fixed
-        over the PPO epochs (the engine's and the reference's logprobs; pi_old's and the TIS weights where
-        :meth:`_separate_pi_old_pass`, else the first epoch's training forward fills them in).
-
-        Makes this batch the KL probe's.
-        """
-        hp = self.hparams
-        seqs = pack_sequences(prompt_ids, rollout.completion_ids, self.tokenizer.pad_token_id).to(self.device)
-        self._probe = seqs
-        self._kl_probe.cache.clear()
-        engine_lp = right_align(rollout.logprobs, [len(p) for p in prompt_ids], seqs.targets.shape[1])  # [N, L-1]
-        traj = Trajectory(
-            seqs=seqs,
-            rewards=rewards,
-            advantages=grpo_advantages(rewards, hp.group_size, scale_by_std=hp.scale_by_std).to(self.device),  # [N]
-            old_logprobs=None,
-            engine_logprobs=engine_lp.to(self.device),
-        )
-        if self._ref:
-            with announce_phase(self, "reference", self._seconds):
-                traj.ref_logprobs = self._logprobs(seqs, self._ref[0])  # [N, L-1]
-        if self._separate_pi_old_pass():
-            with announce_phase(self, "pi_old", self._seconds):
-                self._set_pi_old(traj, self._logprobs(seqs))  # [N, L-1], no grad
-        return traj
-
-    def _separate_pi_old_pass(self) -> bool:
-        """Whether pi_old needs a pass of its own: with one epoch it is the training forward itself, detached."""
-        return self.hparams.ppo_epochs > 1
-
-    def _set_pi_old(self, traj: Trajectory, old_lp: torch.Tensor) -> None:
-        """Fix pi_old's logprobs ``[N, L-1]`` in ``traj``, the TIS weights from them, and the engine's drift."""
-        traj.old_logprobs = old_lp
-        if self.hparams.tis_cap is not None:
-            traj.tis_weights = tis_weights(old_lp, traj.engine_logprobs, self.hparams.tis_cap, traj.seqs.mask)
-        self.engine_logprob_gap = logprob_gap(old_lp, traj.engine_logprobs, traj.seqs.mask)
-
-    def _loss_and_backward(self, traj: Trajectory, epoch: int, stats: dict[str, float]) -> bool:
-        """One PPO epoch: loss and ``manual_backward`` per micro-batch; False if a loss was not finite.
-
-        Without pi_old's logprobs in ``traj`` (one epoch), each micro-batch's own detached logprobs are
-        pi_old's, and once all ran they are stored in ``traj`` (TIS weights and engine drift from them).
-        """
-        hp, finite = self.hparams, True
-        cfg = LossConfig(clip_low=hp.clip_low, clip_high=hp.clip_high, kl_coef=hp.kl_coef)
-        own = traj.old_logprobs is None  # this forward is pi_old's
-        old_lp = torch.zeros_like(traj.seqs.mask) if own else None  # [N, L-1], filled micro-batch by micro-batch
-        probe = self._probe_recorder(traj.seqs) if own else None
-        for group in self._plan_micro_batches(traj.seqs):
-            rows = torch.as_tensor(group, device=self.device)
-            mb = traj.rows(rows).trimmed()
-            logprobs, entropy = token_logprobs(
-                self.policy,
-                mb.seqs,
-                hp.temperature,
-                entropy=epoch == 0,
-                on_logits=None if probe is None else partial(probe.add, rows),
-                chunk_size=hp.lm_head_chunk_size,
-                packed=self._packed,
-            )  # [n, L-1]
-            if own:
-                mb.old_logprobs = old_lp[rows, : logprobs.shape[1]] = logprobs.detach()
-                if hp.tis_cap is not None:
-                    mb.tis_weights = tis_weights(mb.old_logprobs, mb.engine_logprobs, hp.tis_cap, mb.seqs.mask)
-            loss, st = grpo_loss(logprobs, mb, traj.num_tokens, cfg, entropy=entropy)
-            self.manual_backward(loss)  # also on a NaN loss: under DDP every rank must reduce gradients
-            finite = finite and math.isfinite(st["loss/policy"])
-            for key, value in st.items():  # stats are shares of the batch; entropy is from epoch 0 only
-                stats[key] = stats.get(key, 0.0) + (value if key == "policy/entropy" else value / hp.ppo_epochs)
-        if own:
-            self._set_pi_old(traj, old_lp)
-        if probe is not None:
-            probe.save(self.policy)
-        return finite
-
     def _optimizer_step(self, finite: bool) -> None:
         """Step, or skip the step on every rank: a non-finite loss, gradient or sketch moves nothing.
 
@@ -483,136 +411,7 @@ class PolicyGradientModule(HeldOutEvaluation, L.LightningModule):
             )
         opt.zero_grad()
 
-    def _log_step(
-        self, stats: dict[str, float], rewards: torch.Tensor, rollout: Rollout, start: float, batch_size: int
-    ) -> None:
-        self.log_dict(stats, batch_size=batch_size)
-        self._log_health(rollout, start, batch_size)
-        self.log_dict(
-            {
-                "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-                "reward/errors": float(self.faults.reward_errors),
-            },
-            batch_size=batch_size,
-        )
-        self.log_dict(
-            {
-                "reward/mean": rewards.mean().item(),
-                "reward/accuracy": (rewards >= self.hparams.correct_reward).float().mean().item(),
-            },
-            prog_bar=True,
-            batch_size=batch_size,
-        )
-
-    def _log_mfu(self, traj: Trajectory, batch_size: int) -> None:
-        """``perf/mfu``: the training phase's model FLOPs per second over the device's peak (:mod:`.throughput`)."""
-        seconds = self._seconds.get("forward_backward")
-        if not seconds:
-            return
-        if self._peak_flops is None:  # measured once, with the step's threads and precision
-            dtype = training_dtype(self.trainer.precision, next(self.policy.parameters()).dtype)
-            self._peak_flops = measure_peak_flops(dtype, self.device)
-        lengths, completion = traj.seqs.lengths.tolist(), int(traj.seqs.mask.sum())
-        flops = self.hparams.ppo_epochs * self._dims.training_flops(lengths, completion, self.adapter is None)
-        self.log("perf/mfu", flops / seconds / self._peak_flops, prog_bar=True, batch_size=batch_size)
-        self.log("perf/peak_tflops", self._peak_flops / 1e12, batch_size=batch_size)
-
-    # ---------------------------------------------- rollout, rewards, logprobs
-    def _next_sampling(self) -> SamplingConfig:
-        """This rollout's sampling, seeded from ``(sampling_seed, rollout index, rank)``; advances the index."""
-        sampling = self.sampling
-        if sampling.seed is None:  # a subclass may set its own seed
-            seed = mix_seed(self._sampling_seed or 0, self._rollouts, self.global_rank) % (2**31 - 1)
-            sampling = dataclasses.replace(sampling, seed=seed)
-        self._rollouts += 1
-        return sampling
-
-    def _checked(self, sample: Callable[[], Rollout], expected: int) -> Rollout:
-        """``sample()``, with ``expected`` completions; a failing engine stops training."""
-        try:
-            rollout = sample()
-            if len(rollout) != expected:
-                raise RuntimeError(f"returned {len(rollout)} completions, expected {expected}")
-        except Exception as err:
-            raise engine_failure(err, self.engine, self.global_step, self._trainer) from err
-        return rollout
-
-    def _generate(self, prompt_ids: list[list[int]], n: int) -> Rollout:
-        """Sample ``n`` completions per prompt with this rollout's seed; a failing engine stops training."""
-        sampling = self._next_sampling()
-        return self._checked(lambda: self.engine.generate(prompt_ids, n=n, sampling=sampling), len(prompt_ids) * n)
-
-    def _log_health(self, rollout: Rollout, start: float, batch_size: int) -> None:
-        times = {f"perf/time/{name}": s for name, s in self._seconds.items()}
-        self.log_dict(
-            {**rollout.metrics(time.perf_counter() - start), **times, **self.faults.metrics()}, batch_size=batch_size
-        )
-
-    def _score(
-        self, prompts: list[str], completions: list[str], answers: list[str], fields: dict[str, list] | None = None
-    ) -> torch.Tensor:
-        return self.faults.score(self.reward_fn, prompts, completions, answers, self.global_step, fields)  # [N]
-
-    def _logprobs(self, seqs: PackedBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """Log-probabilities of the targets ``[N, L-1]`` under ``model`` (default: the policy), micro-batched.
-
-        For the policy, once a :class:`~logra_lightning.callbacks.KLStepControl` has asked for
-        probe logits, the logits at this batch's probe positions are kept for its first call.
-        """
-        probe = self._probe_recorder(seqs) if model is None else None
-        lp = sequence_logprobs(
-            model or self.policy,
-            seqs,
-            self._plan_micro_batches(seqs),
-            self.hparams.temperature,
-            on_logits=probe.add if probe is not None else None,
-            chunk_size=self.hparams.lm_head_chunk_size,
-            packed=self._packed,
-        )
-        if probe is not None:
-            probe.save(self.policy)
-        return lp
-
-    def _probe_recorder(self, seqs: PackedBatch):
-        """The KL probe's recorder of this batch's base logits at the current weights, or ``None`` (no probe asked)."""
-        # Under autocast these logits differ from the probe's fp32 ones by far more than the probe measures.
-        if torch.is_autocast_enabled(self.device.type):
-            return None
-        return self._kl_probe.base_recorder(seqs, self.global_step)
-
-    def _plan_micro_batches(self, seqs: PackedBatch) -> list[list[int]]:
-        """Rows per micro-batch (:func:`~logra_lightning.rl.micro_batches.plan_micro_batches`), as many on every rank.
-
-        Planned once per batch: the ``pi_old``, reference and loss passes use the same micro-batches.
-        """
-        if self._plan[0] is seqs:
-            return self._plan[1]
-        hp, lengths = self.hparams, seqs.lengths.tolist()
-        plan = plan_micro_batches(
-            lengths, max_rows=hp.micro_batch_size, max_tokens=hp.max_tokens_per_micro_batch, packed=self._packed
-        )
-        if hp.max_tokens_per_micro_batch is not None and self._trainer is not None and self.trainer.world_size > 1:
-            # every rank runs as many forward/backward passes (DDP and FSDP2 communicate in each)
-            count = int(self.trainer.strategy.reduce(torch.tensor(len(plan), device=self.device), reduce_op="max"))
-            plan = split_to_count(plan, count, lengths, self._packed)
-        self._plan = (seqs, plan)
-        return plan
-
-    # ---------------------------------------------------------- KL probe protocol
-    @torch.no_grad()
-    def kl_probe_logits(self, max_tokens: int) -> torch.Tensor:
-        """Logits ``[N, V]`` (N <= ``max_tokens``) at a fixed subsample of the current batch's completion tokens.
-
-        The subsample (whole completions in a seeded order, :func:`~logra_lightning.kl.probe.probe_positions`)
-        depends only on the batch and ``global_step``, so every call within one step returns
-        the same positions (at whatever the weights are then). The call at unchanged weights reuses
-        the logits of the step's first forward, the loss's or ``pi_old``'s
-        (:class:`~logra_lightning.kl.probe.ProbeCache`).
-        """
-        if self._probe is None:
-            raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
-        return self._kl_probe.logits(self.policy, self._probe, self.global_step, max_tokens)
-
+    # ------------------------------------------------------------ checkpoints
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["logra"] = {
