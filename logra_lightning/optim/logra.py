@@ -39,7 +39,7 @@ Choices and departures:
    Adam's ``V`` everywhere / factored everywhere.
 9. **bf16 storage of bases and first moments** (``basis_dtype``, ``exp_avg_dtype``), fp32 arithmetic;
    the second moment stays fp32 (a ``beta2 = 0.999`` EMA stalls in bf16). Effect on the update:
-   ``benchmarks/direction_error.py``.
+   ``benchmarks/results/direction_error.json`` (rendered in benchmarks/README.md).
 10. **Host memory back to the OS** (``release_host_memory=True``): on CPU the sketch hooks, once every
     64 MiB of freed gradients, and the end of ``step()`` call glibc's ``malloc_trim``
     (:mod:`~logra_lightning.optim.host_memory`).
