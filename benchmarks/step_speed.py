@@ -6,7 +6,9 @@ and a policy-gradient loss, then LoGRA's ``step()``, on SmolLM2-135M-Instruct (6
 the row before, from the settings ``configs/smollm2_chain_sum.yaml`` had before (fp32, micro-batches of 8,
 activation checkpointing, a host-memory trim in every sketch hook) to what it ships (trim once per 64 MiB,
 bf16 autocast as Lightning's ``bf16-mixed`` runs it, eager attention, micro-batches of 32, ``torch.compile``
-per decoder layer). Each row runs in a fresh process; times are medians over the steps after the first two
+per decoder layer). Two more rows keep the shipped settings and swap the optimizer: none (the bare
+forward+backward, the reference docs/speed.md compares the whole RL step with) and AdamW. Each row runs in a
+fresh process; times are medians over the steps after the first two
 (the first compiles). MFU: the model FLOPs (:mod:`~logra_lightning.rl.throughput`) over a matmul peak measured
 in the row's dtype.
 
@@ -23,14 +25,19 @@ import time
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.report import Col, command_head, table
 
-# Each row: the settings it changes from the row before.
+# Each row: the settings it changes from the row before. The last two swap the optimizer of the shipped settings:
+# none (the bare forward+backward the issue measures the whole step against) and AdamW.
 ROWS = {
-    "fp32, micro 8, trim every hook": {"bf16": False, "micro": 8, "trim_every": 0, "attn": None, "compile": False},
+    "fp32, micro 8, trim every hook": dict(
+        bf16=False, micro=8, trim_every=0, attn=None, compile=False, optimizer="logra"
+    ),
     "+ trim per 64 MiB": {"trim_every": 64 << 20},
     "+ bf16 autocast": {"bf16": True},
     "+ eager attention": {"attn": "eager"},
     "+ micro-batches of 32": {"micro": 32},
     "+ torch.compile per layer": {"compile": True},
+    "same, no optimizer (bare forward+backward)": {"optimizer": None},
+    "same, AdamW instead of LoGRA": {"optimizer": "adamw"},
 }
 
 
@@ -67,8 +74,13 @@ def measure_row(settings: dict, cfg: dict) -> dict:
     if settings["compile"]:
         for layer in decoder_layers(policy):
             layer.compile(dynamic=True)
-    opt = LoGRA(list(policy.named_parameters()), lr=3e-5, rank=cfg["rank"], update_proj_gap=50, weight_decay=0.0)
-    opt.trimmer.every = settings["trim_every"]
+    if settings["optimizer"] == "logra":
+        opt = LoGRA(list(policy.named_parameters()), lr=3e-5, rank=cfg["rank"], update_proj_gap=50, weight_decay=0.0)
+        opt.trimmer.every = settings["trim_every"]
+    elif settings["optimizer"] == "adamw":
+        opt = torch.optim.AdamW(policy.parameters(), lr=3e-6, weight_decay=0.0)
+    else:  # the bare forward+backward: gradients accumulate into .grad and are dropped
+        opt = None
     n, prompt, completion = cfg["sequences"], cfg["prompt_tokens"], cfg["completion_tokens"]
     vocab = min(policy.config.vocab_size, 40_000)
     seqs = pack_sequences(
@@ -96,8 +108,9 @@ def measure_row(settings: dict, cfg: dict) -> dict:
                 loss = -(logprobs * advantages[rows, None] * mb.mask).sum() / (n * completion)
                 loss.backward()
         fb.append(time.perf_counter() - start)
-        opt.step()
-        opt.zero_grad()
+        if opt is not None:
+            opt.step()
+        policy.zero_grad(set_to_none=True)
         step.append(time.perf_counter() - start)
     seconds = statistics.median(fb[2:])
     flops = dims.training_flops(seqs.lengths.tolist(), int(seqs.mask.sum()))
