@@ -444,3 +444,40 @@ def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engin
         f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f} with bases, "
         f"{coef_bytes / dense_bytes:.4f} coefficients only"
     )  # with -s
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_bf16_engine_keeps_low_rank_changes_below_its_rounding(tmp_path):
+    """A bf16 engine's in-place weight (the embedding, on CPU) follows many low-rank syncs each smaller than half a
+    bf16 ulp: after them it generates exactly as after a full sync of the trainer's fp32 weights."""
+    path = build_tiny_model(tmp_path, TinyModelConfig(tie_word_embeddings=True))
+    policy, tok = load_policy(path)
+    engine = VLLMEngineSpec(dtype="bfloat16", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
+    try:
+        engine.load_weights(policy.named_parameters())
+        greedy = SamplingConfig(max_new_tokens=8, temperature=0)
+        before = engine.generate(_prompts(tok), n=1, sampling=greedy)
+        name, w = "model.embed_tokens.weight", policy.get_parameter("model.embed_tokens.weight")
+        # each change at most 0.45 of half a bf16 ulp of the median |entry|: rounded into the bf16 weight on its own,
+        # most of it would be lost; 100 of them move the median entry by up to 22 ulps
+        half_ulp = 2.0 ** (math.floor(math.log2(float(w.detach().abs().median()))) - 8)
+        g = torch.Generator().manual_seed(0)
+        left, right = torch.randn(w.shape[0], 2, generator=g), torch.randn(2, w.shape[1], generator=g)
+        left *= 0.45 * half_ulp / float((left @ right).abs().max())
+        with torch.no_grad():
+            for _ in range(100):  # one direction: the changes add up
+                w.mul_(1.0).addmm_(left, right)  # the trainer's fp32 weight, as the worker's fp32 shadow updates
+                engine.apply_lowrank_updates([LowRankUpdate(name, 1.0, left, right)])
+        synced = engine.generate(_prompts(tok), n=1, sampling=greedy)
+        engine.load_weights(policy.named_parameters())  # the trainer's weights, rounded to bf16 once
+        full = engine.generate(_prompts(tok), n=1, sampling=greedy)
+    finally:
+        engine.close()
+    flat = lambda r: torch.tensor([lp for lps in r.logprobs for lp in lps])  # noqa: E731
+    assert synced.completion_ids == full.completion_ids, "the engine's embedding lost low-rank changes"
+    gap = float((flat(synced) - flat(full)).abs().max())
+    moved = float((flat(before) - flat(full)).abs().max()) if before.completion_ids == full.completion_ids else 1.0
+    print(f"\nbf16 engine after 100 sub-rounding syncs: {gap:.2e} from a full sync, changes moved {moved:.2e}")
+    assert gap <= 1e-3, f"the engine's embedding lost low-rank changes: logprobs {gap:.2e} from a full sync's"
+    assert moved >= 1e-2, f"the changes moved the logprobs by only {moved:.2e}: the test would not see them lost"

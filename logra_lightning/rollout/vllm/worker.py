@@ -32,7 +32,11 @@ engine in ``tests/test_vllm_engine.py``.
 Departures and choices:
 
 1. The shadow is fp32 whatever the engine dtype, so rounding of a bf16 engine does
-   not accumulate across low-rank syncs (each reload rounds the fp32 shadow once).
+   not accumulate across low-rank syncs (each reload rounds the fp32 shadow once). An in-place
+   weight stored below fp32 (a bf16 engine's embedding) gets an fp32 shadow too, and each sync
+   writes it whole through the loader: adding ``L@R`` to the bf16 weight itself would round every
+   step's change (most of a step's change is below half a bf16 ulp), so the engine's copy would
+   stop following the trainer's.
 2. With tensor parallelism both paths keep *full* HF-shaped tensors on every rank
    (vLLM's weight loaders slice them): the shadow, and the in-place path's ``L@R``.
 3. Names are checkpoint names (what ``save_pretrained`` writes); the engine converts
@@ -57,6 +61,7 @@ from logra_lightning.rollout.vllm.options import quiet_loggers
 from logra_lightning.sync.wire import BasisCache, LowRankUpdate
 
 _MODES = ("auto", "inplace", "reload")
+_FULL = (torch.float32, torch.float64)  # weight dtypes a low-rank change can be added to without losing it
 
 
 # ------------------------------------------------------- where vLLM puts a tensor
@@ -225,6 +230,8 @@ class _SyncState:
         self.shadow: dict[str, torch.Tensor] = {}  # HF name -> fp32 tensor (names feeding reload modules)
         self.members: dict[str, list[str]] = {}  # reload module -> every HF name it loads from
         self.touched: set[str] = set()  # reload modules changed since the last commit
+        self.low_inplace: set[str] = set()  # HF names of in-place weights below fp32: written from their shadow
+        self.rewrite: set[str] = set()  # such names changed since the last commit
         self.dependents: dict[str, list[str]] = {}  # module -> modules packing a copy of its (shared) weight
         self.stale: set[str] = set()  # such dependents to re-pack at the next commit
         self.bases = BasisCache()  # each matrix's basis between refreshes: updates may carry only the coefficient
@@ -271,7 +278,10 @@ class LowRankApplier:
                 if module in st.reload_modules:
                     st.members.setdefault(module, []).append(name)
         reload_names = {n for names in st.members.values() for n in names}
-        st.shadow = {n: t.detach().to("cpu", torch.float32).clone() for n, t in weights if n in reload_names}
+        low = lambda n: any(getattr(modules[m], a).dtype not in _FULL for m, a in st.targets.get(n, ()))  # noqa: E731
+        st.low_inplace = {n for n in st.shapes if n not in reload_names and low(n)}
+        shadowed = reload_names | st.low_inplace
+        st.shadow = {n: t.detach().to("cpu", torch.float32).clone() for n, t in weights if n in shadowed}
         del weights
         self.state = st
         unplaced = [
@@ -335,14 +345,14 @@ class LowRankApplier:
         for name, c, left, right in updates:
             if name in st.shadow:
                 st.shadow[name].mul_(c).addmm_(left.float().cpu(), right.float().cpu())
-                st.touched.update(m for m in st.modules_of(name) if m in st.reload_modules)
+                self._touch(name)
             else:
                 self._add(name, c, left.float() @ right.float())
         inplace_dense = []
         for name, value in dense:
             if name in st.shadow:
                 st.shadow[name].copy_(value.float())
-                st.touched.update(m for m in st.modules_of(name) if m in st.reload_modules)
+                self._touch(name)
             else:
                 inplace_dense.append((name, value))
                 for m in st.modules_of(name):
@@ -357,6 +367,13 @@ class LowRankApplier:
             "bases_bytes": st.bases.nbytes,
         }
 
+    def _touch(self, name: str) -> None:
+        """Mark a shadowed name's weights for :meth:`commit`: its reload modules, or its own rewrite."""
+        st = self.state
+        st.touched.update(m for m in st.modules_of(name) if m in st.reload_modules)
+        if name in st.low_inplace:
+            st.rewrite.add(name)
+
     def _add(self, name: str, c: float, delta: torch.Tensor) -> None:
         """In place ``W <- c*W + delta`` through vLLM's own loader for ``name`` (see :func:`add_through_loader_`)."""
         st, model = self.state, self.model
@@ -366,10 +383,16 @@ class LowRankApplier:
             st.stale.update(st.dependents.get(m, ()))
 
     def commit(self) -> int:
-        """Reload the modules changed since the last commit (and re-pack their packed dependents)."""
+        """Reload the modules changed since the last commit, write the changed low-precision in-place weights from
+        their shadow (one rounding of the fp32 value), and re-pack their packed dependents."""
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
         st = self.state
+        if st.rewrite:
+            with _quiet_reload_logs():
+                self.model.load_weights([(n, st.shadow[n]) for n in sorted(st.rewrite)])
+            st.stale.update(d for n in st.rewrite for m in st.modules_of(n) for d in st.dependents.get(m, ()))
+            st.rewrite.clear()
         count = len(st.touched)
         if st.touched:
             names = list(dict.fromkeys(hf for module in sorted(st.touched) for hf in st.members[module]))
