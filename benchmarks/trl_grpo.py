@@ -21,8 +21,9 @@ Rows, each in its own process (``--worker``), on the config's model, problems, r
   attention/MLP matrix) and AdamW on the factors at the LoRA config's lr (``--lora-lr``);
 * ``trl_grpo_lora``: ``trl.GRPOTrainer`` with the same LoRA as its ``peft_config`` and lr.
 
-The ``logra fit`` rows keep the config's callbacks (with the real-model config: KL step control and
-the weight sync to vLLM); their s/step includes the sync, as TRL's includes its generation.
+The ``logra fit`` rows keep the config's callbacks (with the real-model config: the weight sync to vLLM, and
+KL step control in the LoGRA row only: the comparison charges its cost to LoGRA); their s/step includes the
+sync, as TRL's includes its generation.
 Matched to the config: prompts per step (``batch_size``), ``group_size`` samples per prompt,
 ``max_new_tokens``, temperature, lr (constant, no warm-up, no gradient clipping: the Lightning
 loop has neither), token-level PPO-clip loss with ``clip_low``/``clip_high`` 0.2/0.28
@@ -50,6 +51,7 @@ from benchmarks.report import Col, pct
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
 QUICK_STEPS = 3
+PHASES = ("perf/time/rollout", "perf/time/forward_backward", "perf/time/optimizer", "kl/control_seconds", "perf/mfu")
 
 
 def _task(s: dict) -> dict:
@@ -217,7 +219,7 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     import lightning  # noqa: F401  (imports before the baseline, as for TRL)
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
-    from benchmarks.common import budget_args, fit_argv, tb_scalars
+    from benchmarks.common import budget_args, config_callbacks, fit_argv, tb_scalars
     from logra_lightning.cli import main as logra_main
 
     _task(s)  # builds and caches the model outside the measurement
@@ -226,11 +228,12 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     args = [*budget_args(s["steps"], s["steps"], s["test_size"]), "--trainer.enable_progress_bar", "false", *seeds]
     rss_before = rss_baseline()
     t0 = time.perf_counter()
-    logra_main(fit_argv(name, s["config"], args, optimizer))
+    drop = ("ModelCheckpoint",) if optimizer["class_path"].endswith("LoGRA") else ("ModelCheckpoint", "KLStepControl")
+    logra_main(fit_argv(name, s["config"], args, optimizer, config_callbacks(s["config"], drop)))
     seconds = time.perf_counter() - t0
     log_dir = WORK_DIR / name / "version_0"
     summary = json.loads((Path(log_dir) / "summary.json").read_text())
-    sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean", "sync/seconds"])
+    sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean", "sync/seconds", *PHASES])
     steps = [v for _, v in sc["perf/step_seconds"]]
     syncs = [v for _, v in sc.get("sync/seconds", [])][-len(steps) :]  # the start's full sync comes first
     syncs = syncs if len(syncs) == len(steps) else [0.0] * len(steps)
@@ -244,6 +247,8 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
         "sync_seconds": syncs,
         "reward_mean": sc.get("reward/mean", []),
         "rss_before_model_bytes": rss_before,
+        # medians over the steps after the first (it compiles): where the step's time goes
+        "phases": {k: statistics.median(v for _, v in sc[k][1:] or sc[k]) for k in PHASES if k in sc},
     }
 
 
