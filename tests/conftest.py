@@ -1,4 +1,8 @@
-"""Shared fixtures: the built-in tiny policy (built once, cached in .cache/logra) and thread settings."""
+"""Shared fixtures and helpers: the built-in tiny policy (built once, cached in .cache/logra), thread settings,
+"no model may be built" for start-up checks, the flags of a tiny ``logra fit`` run, and the console's error line.
+
+Test modules import the helpers as ``from conftest import tiny_run`` (pytest puts tests/ on the path).
+"""
 
 from __future__ import annotations
 
@@ -63,6 +67,53 @@ def raw_tiny_path() -> str:
     from logra_lightning.builtin import resolve_model
 
     return resolve_model("builtin:arithmetic-tiny-raw")
+
+
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Fail the test if it gets as far as building a model: start-up checks must come before the (slow) build."""
+    import logra_lightning.rl.module as module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was built before the input was validated")
+
+    monkeypatch.setattr(module, "load_policy", forbidden)
+    monkeypatch.setattr(module, "resolve_model", forbidden)
+
+
+def tiny_run(save_dir, steps: int = 2, *, batch_size: int = 4, group_size: int | None = 4) -> list[str]:
+    """Flags that shrink any ``logra fit`` config to ``steps`` RL steps and one held-out batch, logging to save_dir."""
+    flags = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps)]
+    flags += ["--trainer.limit_val_batches", "1", "--trainer.logger.init_args.save_dir", str(save_dir)]
+    flags += ["--data.batch_size", str(batch_size)]
+    return flags + ([] if group_size is None else ["--model.group_size", str(group_size)])
+
+
+def console(argv: list[str], capsys, error: type[BaseException] | None = None) -> str:
+    """Run ``logra <argv>`` in-process as the console does; return its one ``logra: error:`` line.
+
+    ``error``, when given, is the exception ``main`` must raise (``SystemExit`` for a command line that does not
+    parse, a :class:`~logra_lightning.errors.LograError` subclass for a bad value).
+    """
+    from logra_lightning.cli import main
+    from logra_lightning.cli.main import error_line
+    from logra_lightning.errors import LograError
+
+    capsys.readouterr()
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        assert exit_.code == 2
+        raised, err = exit_, capsys.readouterr().err
+    except LograError as exc:  # main(args) lets these propagate; the console prints error_line(exc)
+        raised, err = exc, capsys.readouterr().err + error_line(exc) + "\n"
+    else:
+        pytest.fail(f"no error for {argv}")
+    assert error is None or isinstance(raised, error), f"{type(raised).__name__}, not {error.__name__}: {raised}"
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("logra: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
 
 
 def hf_greedy_answers(model, tokenizer, prompts: list[str], max_tokens: int = 5) -> list[str]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run  # tests/conftest.py
 from safetensors.torch import load_file
-from test_cli import tiny_budget
 
 from logra_lightning.cli import main
 from logra_lightning.cli.checkpoints import checkpoint_dirs, resolve_ckpt_keyword
@@ -23,7 +23,7 @@ def test_csv_logger_resume_last_and_test_best(tmp_path, capsys, tiny_policy_path
     csv = tmp_path / "csv.yaml"
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
     csv.write_text(json.dumps({"trainer": {"logger": logger}}))
-    common = ["--config", "arithmetic_tiny_adamw", "--config", str(csv), *tiny_budget(tmp_path)]
+    common = ["--config", "arithmetic_tiny_adamw", "--config", str(csv), *tiny_run(tmp_path)]
     best_snippet = ["--trainer.callbacks+=model_checkpoint_best", "--trainer.val_check_interval", "1"]
     first = main(["fit", *common, *best_snippet])
     assert "CSV logs: " in capsys.readouterr().out  # the end-of-run line names the logger used

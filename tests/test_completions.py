@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import tiny_budget
+from conftest import tiny_run  # tests/conftest.py
 
 from logra_lightning.callbacks import LogCompletions
 from logra_lightning.cli import main
@@ -16,7 +16,7 @@ from logra_lightning.errors import ConfigError
 def test_completions_reach_the_jsonl_file_tensorboard_and_the_printout(tmp_path, capsys, tiny_policy_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    args = ["fit", "--config", "arithmetic_tiny_adamw", *tiny_budget(tmp_path)]
+    args = ["fit", "--config", "arithmetic_tiny_adamw", *tiny_run(tmp_path)]
     cli = main([*args, "--trainer.callbacks+=log_completions", "--trainer.callbacks.every_n_steps=1"])
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, LogCompletions)]  # the snippet's, not a default
     rows = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "completions.jsonl").read_text().splitlines()]
@@ -28,12 +28,6 @@ def test_completions_reach_the_jsonl_file_tensorboard_and_the_printout(tmp_path,
     assert [e.step for e in acc.Tensors("completions/text_summary")] == [0, 1]
     out = capsys.readouterr().out
     assert "sample completions at RL step 1" in out and out.count("  reward ") == 4
-
-
-def test_logra_fit_logs_completions_by_default(tmp_path, tiny_policy_path):
-    cli = main(["fit", "--config", "arithmetic_tiny_adamw", *tiny_budget(tmp_path)])
-    rows = (Path(cli.trainer.log_dir) / "completions.jsonl").read_text().splitlines()
-    assert len(rows) == 8 and json.loads(rows[0])["step"] == 0  # every 10 steps: step 0 of the 2
 
 
 @pytest.mark.parametrize("kwargs", [{"every_n_steps": 0}, {"num_rows": -1}, {"print_rows": -1}])

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import tiny_run  # tests/conftest.py
 from ranks import init_gloo, spawn_ranks
 
 from logra_lightning.optim import LoGRA, keep_out_of_ddp, logra_param_groups
@@ -216,9 +217,7 @@ def test_logra_fit_ddp_replicas_identical(tmp_path, tiny_policy_path):
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "logra_lightning"]
     cmd += ["fit", "--config", str(ROOT / "configs" / "arithmetic_tiny_logra.yaml")]
     cmd += ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
-    cmd += ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1"]
-    cmd += ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks", json.dumps(callbacks)]
-    cmd += ["--data.batch_size", "4", "--model.group_size", "4", "--model.gradient_clip_norm", "0.5"]
+    cmd += [*tiny_run(tmp_path, 3), "--trainer.callbacks", json.dumps(callbacks), "--model.gradient_clip_norm", "0.5"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     env.pop("LOCAL_RANK", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)

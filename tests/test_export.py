@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import hf_greedy_answers, vllm_greedy_answers  # tests/conftest.py
+from conftest import hf_greedy_answers, tiny_run, vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
 from logra_lightning.cli import main
@@ -53,18 +53,7 @@ def run(tmp_path_factory) -> types.SimpleNamespace:
             CONFIG,
             "--model.model",
             "builtin:arithmetic-tiny-raw",
-            "--trainer.max_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp),
-            "--data.batch_size",
-            "4",
-            "--model.group_size",
-            "4",
+            *tiny_run(tmp),
             "--data.val.init_args.test_size",
             "16",
             "--export",
@@ -135,20 +124,9 @@ def test_the_checkpoint_still_resumes(run, tmp_path):
             CONFIG,
             "--ckpt_path",
             str(run.ckpt),
-            "--trainer.max_steps",
-            "3",
-            "--trainer.val_check_interval",
-            "3",
-            "--trainer.limit_val_batches",
-            "1",
-            "--data.batch_size",
-            "4",
-            "--model.group_size",
-            "4",
+            *tiny_run(tmp_path, 3),
             "--data.val.init_args.test_size",
             "16",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path),
         ]
     )
     assert cli.trainer.global_step == 3 and cli.model.hparams.model == "builtin:arithmetic-tiny-raw"  # from the ckpt
@@ -209,15 +187,6 @@ def test_export_errors_name_the_argument(run, tmp_path, args, match):
     with pytest.raises(ConfigError, match=match):
         main(["export", *args])
     assert not (tmp_path / "out").exists()
-
-
-def test_export_dir_is_checked_before_training(tmp_path, monkeypatch):
-    import logra_lightning.rl.module as module
-
-    monkeypatch.setattr(module, "resolve_model", lambda *a: pytest.fail("a model was built"))
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(ConfigError, match=r"--export='.*file': is a file"):
-        main(["fit", "--config", CONFIG, "--export", str(tmp_path / "file")])
 
 
 @pytest.mark.vllm

@@ -6,7 +6,7 @@ import json
 import textwrap
 
 import pytest
-from test_cli import tiny_budget
+from conftest import tiny_run  # tests/conftest.py
 
 from logra_lightning.cli import main
 from logra_lightning.cli.generate import pass_at_k
@@ -63,7 +63,7 @@ def test_pass_at_k_of_a_checkpoint(tmp_path, monkeypatch, capsys, tiny_policy_pa
             for b in (4, 9)
         )
     )
-    cli = main(["fit", "--config", "arithmetic_tiny_adamw", *tiny_budget(tmp_path)])
+    cli = main(["fit", "--config", "arithmetic_tiny_adamw", *tiny_run(tmp_path)])
     capsys.readouterr()
     args = [
         "generate",

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import tiny_run  # tests/conftest.py
 
 from logra_lightning.cli import main
 from logra_lightning.models import TinyModelConfig, build_tiny_model
@@ -35,18 +36,9 @@ def test_gsm8k_config_end_to_end_with_vllm(tmp_path):
             "cpu",
             "--trainer.precision",
             "32-true",
-            "--trainer.max_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.limit_val_batches",
-            "1",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path),
+            *tiny_run(tmp_path, group_size=2),
             "--model.max_new_tokens",
             "16",
-            "--model.group_size",
-            "2",
             "--model.micro_batch_size",
             "4",
             "--model.torch_threads",
@@ -65,8 +57,6 @@ def test_gsm8k_config_end_to_end_with_vllm(tmp_path):
             str(DATA),
             "--data.val.init_args.path",
             str(DATA),
-            "--data.batch_size",
-            "4",
             "--data.val_batch_size",
             "8",
         ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import hf_greedy_answers, vllm_greedy_answers  # tests/conftest.py
+from conftest import hf_greedy_answers, tiny_run, vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
 from logra_lightning.cli import main
@@ -134,32 +134,6 @@ def test_target_modules_that_match_nothing_or_are_not_linear():
         LoRA(target_modules=["embed_tokens"]).attach(tiny_qwen2())
 
 
-@pytest.mark.parametrize(
-    "override, match",
-    [
-        (
-            ["--model.optimizer", "logra_lightning.optim.LoGRA", "--model.optimizer.rank", "4"],
-            "LoGRA does not train LoRA factors",
-        ),
-        (
-            ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy"],
-            "LoRA under FSDP2 is not supported",
-        ),
-        (["--model.adapter.rank", "0"], "model.adapter.init_args.rank=0"),
-    ],
-)
-def test_bad_combinations_fail_before_any_model_is_built(override, match, monkeypatch):
-    import logra_lightning.rl.module as module
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was built before the input was validated")
-
-    monkeypatch.setattr(module, "load_policy", forbidden)
-    monkeypatch.setattr(module, "resolve_model", forbidden)
-    with pytest.raises(ConfigError, match=match):
-        main(["fit", "--config", CONFIG, *override])
-
-
 # ------------------------------------------------------------- end to end, real vLLM
 def _scalars(log_dir: str) -> dict[str, list[float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -180,20 +154,11 @@ def lora_run(tmp_path_factory, tiny_policy_path) -> types.SimpleNamespace:
             "fit",
             "--config",
             CONFIG,
-            "--trainer.max_steps",
-            "4",
-            "--trainer.val_check_interval",
-            "4",
-            "--trainer.limit_val_batches",
-            "1",
+            *tiny_run(tmp, 4, batch_size=8, group_size=None),
             "--data.val.init_args.test_size",
             "16",
-            "--data.batch_size",
-            "8",
             "--model.optimizer.init_args.lr",
             "3e-3",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp),
             "--export",
             str(tmp / "export"),
         ]

@@ -8,7 +8,6 @@ and a wrong or missing answer scores below 1.
 
 from __future__ import annotations
 
-import doctest
 import json
 from pathlib import Path
 
@@ -18,10 +17,8 @@ import yaml
 pytest.importorskip("reasoning_gym")
 
 from logra_lightning.data import PromptDataModule, ReasoningGymSource  # noqa: E402
-from logra_lightning.data import reasoning_gym as source_module  # noqa: E402
 from logra_lightning.errors import ConfigError  # noqa: E402
 from logra_lightning.rewards import ReasoningGymReward  # noqa: E402
-from logra_lightning.rewards import reasoning_gym as reward_module  # noqa: E402
 from logra_lightning.rewards.reasoning_gym import encode_reference, entry_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,9 +145,3 @@ def test_partial_credit_is_the_datasets_own() -> None:
     answer = entry_of(ref)[1]["answer"]
     got = ReasoningGymReward(extract="completion")(["q"], [f"{answer} apples"], [ref])[0]
     assert got == pytest.approx(len(answer) / len(f"{answer} apples"))
-
-
-@pytest.mark.parametrize("module", [source_module, reward_module])
-def test_docstring_examples_run(module) -> None:
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0

@@ -6,8 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_cli import tiny_budget
-from test_user_errors import console
+from conftest import console, tiny_run  # tests/conftest.py
 
 from logra_lightning.builtin.registry import cache_dir
 from logra_lightning.cli import main
@@ -68,7 +67,7 @@ def test_fit_by_name_outside_a_clone(tmp_path, monkeypatch, tiny_policy_path):
             "--config",
             "arithmetic_tiny_adamw",
             "--trainer.callbacks+=memory_monitor",
-            *tiny_budget(tmp_path),
+            *tiny_run(tmp_path),
         ]
     )
     assert cli.trainer.global_step == 2

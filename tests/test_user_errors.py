@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import console  # tests/conftest.py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import logra_lightning.rl.module as module_mod
 from logra_lightning.cli import main
-from logra_lightning.cli.main import error_line
-from logra_lightning.errors import ConfigError, LograError
+from logra_lightning.errors import ConfigError, DataError, LograError
 from logra_lightning.io.checkpoint import check_checkpoint_path
 from logra_lightning.models import TinyModelConfig, build_tiny_model
 
@@ -41,33 +40,9 @@ def fast(n: int) -> settings:
 
 
 @pytest.fixture(autouse=True)
-def offline_and_no_model(monkeypatch):
-    """Nothing may be downloaded, and no case may get as far as building a model."""
+def offline_and_no_model(monkeypatch, no_model_built):
+    """Nothing may be downloaded, and no case may get as far as building a model (``no_model_built``)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was built before the mistake was reported")
-
-    monkeypatch.setattr(module_mod, "load_policy", forbidden)
-    monkeypatch.setattr(module_mod, "resolve_model", forbidden)
-
-
-def console(argv: list[str], capsys) -> str:
-    """Run ``logra <argv>`` in-process as the console does; return its one ``logra: error:`` line."""
-    capsys.readouterr()
-    try:
-        main(argv)
-    except SystemExit as exit_:
-        assert exit_.code == 2
-        err = capsys.readouterr().err
-    except LograError as exc:  # main(args) lets these propagate; the console prints error_line(exc)
-        err = capsys.readouterr().err + error_line(exc) + "\n"
-    else:
-        pytest.fail(f"no error for {argv}")
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("logra: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -133,25 +108,101 @@ def test_bad_config_file(name, text, match, tmp_path, capsys):
     assert re.search(match, console(args, capsys))
 
 
-@pytest.mark.parametrize(
-    "args, match",
-    [
-        (["--model.grup_size", "4"], r"unrecognized arguments: --model.grup_size 4 \(`logra fit --help` lists"),
-        (["--trainer.max_steps", "ten"], r"trainer.max_steps: Expected a <class 'int'>. Got value: ten"),
-        (["--model.optimizer", "logra_lightning.optim.LoGRa"], r"model.optimizer: .*LoGRa"),
-        (["--data.batch_size", "-3"], r"data.batch_size=-3: must be an integer >= 1"),
-        (["--trainer.logger.init_args.save_dir", "FILE"], r"save_dir='.*FILE': is a file, not a log directory"),
-        (["--export", "FILE"], r"--export='.*FILE': is a file, not a export directory"),
-        (["--data.batch_size", "100000"], r"data.batch_size=100000: larger than the training set \(\d+ prompts\)"),
-        (["--trainer.accumulate_grad_batches", "4"], r"accumulate_grad_batches=4: allowed 1; .*model.micro_batch_size"),
-        (["--trainer.gradient_clip_val", "1.0"], r"gradient_clip_val=1.0: .*model.gradient_clip_norm=1.0"),
-        (["--trainer.val_check_interval", "0"], r"val_check_interval=0: allowed numbers > 0"),
-    ],
-)
-def test_bad_command_line_values(args, match, tmp_path, capsys):
+LOGRA = ["--model.optimizer", "logra_lightning.optim.LoGRA"]
+KL = ["--trainer.callbacks+=logra_lightning.callbacks.KLStepControl"]
+LORA = ["--config", str(ROOT / "configs" / "arithmetic_tiny_lora.yaml")]
+# One bad value (or combination) each, on the AdamW config unless a row starts with its own --config: the error
+# raised (SystemExit: the command line does not parse) and what its one line says. Every row fails before a model is
+# built (the autouse fixture above).
+BAD_VALUES = [
+    (["--model.grup_size", "4"], SystemExit, r"unrecognized arguments: --model.grup_size 4 \(`logra fit --help` lists"),
+    (["--trainer.max_steps", "ten"], SystemExit, r"trainer.max_steps: Expected a <class 'int'>. Got value: ten"),
+    (["--model.optimizer", "logra_lightning.optim.LoGRa"], SystemExit, r"model.optimizer: .*LoGRa"),
+    (["--data.batch_size", "-3"], ConfigError, r"data.batch_size=-3: must be an integer >= 1"),
+    (["--data.batch_size", "0"], ConfigError, r"data.batch_size=0"),
+    (["--model.group_size", "0"], ConfigError, r"model.group_size=0"),
+    (["--model.group_size", "1"], ConfigError, r"scale_by_std"),
+    (
+        ["--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", "/nonexistent/d.jsonl"],
+        DataError,
+        r"/nonexistent/d.jsonl: data file not found",
+    ),
+    (
+        ["--trainer.logger.init_args.save_dir", "FILE"],
+        ConfigError,
+        r"save_dir='.*FILE': is a file, not a log directory",
+    ),
+    (["--export", "FILE"], ConfigError, r"--export='.*FILE': is a file, not a export directory"),
+    (
+        ["--data.batch_size", "100000"],
+        LograError,
+        r"data.batch_size=100000: larger than the training set \(\d+ prompts\)",
+    ),
+    (
+        ["--trainer.accumulate_grad_batches", "4"],
+        ConfigError,
+        r"accumulate_grad_batches=4: allowed 1; .*model.micro_batch_size",
+    ),
+    (["--trainer.gradient_clip_val", "1.0"], ConfigError, r"gradient_clip_val=1.0: .*model.gradient_clip_norm=1.0"),
+    (["--trainer.val_check_interval", "0"], ConfigError, r"val_check_interval=0: allowed numbers > 0"),
+    (
+        [*LOGRA, "--model.optimizer.init_args.rank", "200"],
+        ConfigError,
+        r"model.optimizer.init_args.rank=200: larger than the smaller side of "
+        r"model.embed_tokens.weight \[128, 256\] "
+        r"in builtin:arithmetic-tiny; allowed 1 <= rank <= 128",
+    ),
+    (
+        [*LOGRA, "--model.optimizer.init_args.rank", "0"],
+        ConfigError,
+        r"optimizer.init_args.rank=0: allowed integers >= 1",
+    ),
+    (
+        ["--model.optimizer.init_args.lr=-0.001"],
+        ConfigError,
+        r"optimizer.init_args.lr=-0.001: allowed finite numbers >= 0",
+    ),
+    (
+        ["--model.optimizer.init_args.lr", ".nan"],
+        ConfigError,
+        r"optimizer.init_args.lr=nan: allowed finite numbers >= 0",
+    ),
+    (
+        [*KL, "--trainer.callbacks.target_kl", "0"],
+        ConfigError,
+        r"trainer.callbacks\[1\].init_args.target_kl=0.0: allowed finite numbers > 0",
+    ),
+    ([*KL, "--trainer.callbacks.target_kl=-1e-3"], ConfigError, r"target_kl=-0.001: allowed finite numbers > 0"),
+    (
+        ["--model.engine", "logra_lightning.rollout.VLLMEngineSpec", "--model.engine.init_args.max_model_len", "5"],
+        ConfigError,
+        r"model.engine.init_args.max_model_len=5: allowed null or integers > model.max_new_tokens=5",
+    ),
+    (  # any constructor's ValueError
+        ["--trainer.callbacks+=logra_lightning.callbacks.LowRankWeightSync", "--trainer.callbacks.full_sync_every=-1"],
+        ConfigError,
+        r"invalid config value: ValueError: Invalid full_sync_every: -1",
+    ),
+    (
+        [*LORA, "--model.optimizer", "logra_lightning.optim.LoGRA", "--model.optimizer.rank", "4"],
+        ConfigError,
+        r"LoGRA does not train LoRA factors",
+    ),
+    (
+        [*LORA, "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy"],
+        ConfigError,
+        r"LoRA under FSDP2 is not supported",
+    ),
+    ([*LORA, "--model.adapter.rank", "0"], ConfigError, r"model.adapter.init_args.rank=0"),
+]
+
+
+@pytest.mark.parametrize("args, error, match", BAD_VALUES)
+def test_a_bad_value_fails_before_a_model_is_built(args, error, match, tmp_path, capsys):
     (tmp_path / "FILE").write_text("x")
     args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
-    assert re.search(match, console(["fit", "--config", CONFIG, *args], capsys))
+    config = [] if args[0] == "--config" else ["--config", CONFIG]
+    assert re.search(match, console(["fit", *config, *args], capsys, error))
 
 
 @pytest.mark.parametrize(
@@ -350,42 +401,55 @@ def test_vllm_engine_without_vllm(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------ the console itself
-def _logra(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "logra_lightning", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=180
-    )
+def _logra_at_once(commands: list[tuple[list[str], dict]]) -> list[subprocess.CompletedProcess]:
+    """``python -m logra_lightning ARGS`` for each (ARGS, extra env), all started together: each is mostly imports."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "logra_lightning", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**env, **extra},
+        )
+        for args, extra in commands
+    ]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
 
 
-@pytest.mark.parametrize(
-    "args, match",
-    [
-        (["fit", "--config", "configs/no_such.yaml"], "logra: error: --config configs/no_such.yaml: no such file"),
-        (
-            ["fit", "--config", CONFIG, "--model.model", "/no/such/model"],
-            "logra: error: model.model='/no/such/model': no such",
-        ),
-        (["fit", "--config", CONFIG, "--ckpt_path", __file__], "not a PyTorch checkpoint"),
-        (
-            ["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"],
-            "logra: error: --ckpt_path /no/such.ckpt: no such",
-        ),
-    ],
-)
-def test_console_prints_one_line_and_exits_2(args, match):
-    proc = _logra(*args)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("logra: error:")]
-    assert len(lines) == 1 and match in lines[0], proc.stderr[-2000:]
+CONSOLE_CASES = [
+    (["fit", "--config", "configs/no_such.yaml"], "logra: error: --config configs/no_such.yaml: no such file"),
+    (
+        ["fit", "--config", CONFIG, "--model.model", "/no/such/model"],
+        "logra: error: model.model='/no/such/model': no such",
+    ),
+    (["fit", "--config", CONFIG, "--ckpt_path", __file__], "not a PyTorch checkpoint"),
+    (
+        ["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"],
+        "logra: error: --ckpt_path /no/such.ckpt: no such",
+    ),
+]
 
 
-def test_hub_id_without_network_and_cache(tmp_path):
-    """Not offline, but the hub unreachable (a closed local port) and an empty cache: one line, nothing downloaded."""
-    env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
-    proc = _logra("fit", "--config", CONFIG, "--model.model", "Qwen/Qwen2.5-0.5B-Instruct", env=env)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    line = next(line for line in proc.stderr.splitlines() if line.startswith("logra: error:"))
+def test_console_prints_one_line_and_exits_2(tmp_path):
+    """Each mistake as the console meets it: exit status 2, one ``logra: error:`` line, no traceback. The last
+    command is not offline, but the hub is unreachable (a closed local port) and the cache empty: nothing is
+    downloaded."""
+    hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    hub_args = ["fit", "--config", CONFIG, "--model.model", "Qwen/Qwen2.5-0.5B-Instruct"]
+    *cases, hub_proc = _logra_at_once([(args, {}) for args, _ in CONSOLE_CASES] + [(hub_args, hub)])
+    for proc, (_, match) in zip(cases, CONSOLE_CASES):
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("logra: error:")]
+        assert len(lines) == 1 and match in lines[0], proc.stderr[-2000:]
+    assert hub_proc.returncode == 2 and "Traceback" not in hub_proc.stderr, hub_proc.stderr[-2000:]
+    line = next(line for line in hub_proc.stderr.splitlines() if line.startswith("logra: error:"))
     assert "the hub cannot be reached" in line and "hf download Qwen/Qwen2.5-0.5B-Instruct" in line, line
     assert not list((tmp_path / "hf").glob("**/*.safetensors"))
 
@@ -452,7 +516,8 @@ def test_any_single_bad_value_is_one_line(tmp_path_factory, capsys, key_value):
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
-    override.write_text(json.dumps(node))  # JSON is YAML: the value keeps its type
+    # JSON is YAML, so the value keeps its type; unescaped, as PyYAML reads no JSON surrogate-pair escapes (\ud806)
+    override.write_text(json.dumps(node, ensure_ascii=False), encoding="utf-8")
     line = console(["fit", "--config", CONFIG, "--config", str(override)], capsys)
     assert parts[-1] in line or key in line or "model" in line, line
 

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_cli import tiny_budget
+from conftest import tiny_run  # tests/conftest.py
 
 from logra_lightning.cli import main
 from logra_lightning.errors import ConfigError
@@ -142,7 +142,7 @@ def test_fit_with_rewards_from_a_file_in_the_working_directory(reward_dir, tiny_
             }
         )
     )
-    cli = main(["fit", "--config", "arithmetic_tiny_adamw", "--config", "rl.yaml", *tiny_budget(reward_dir)])
+    cli = main(["fit", "--config", "arithmetic_tiny_adamw", "--config", "rl.yaml", *tiny_run(reward_dir)])
     assert cli.trainer.global_step == 2
     acc = EventAccumulator(cli.trainer.log_dir)
     acc.Reload()

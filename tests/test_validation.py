@@ -1,8 +1,9 @@
 """Bad input fails at start-up with the project's own errors, naming the key (or file:line), value and range.
 
-The first tests run ``logra fit`` with one bad value each and forbid building a model; the
-property-based tests (hypothesis) throw random config values and malformed dataset lines at
-the checks and the loaders and require "loads, or a LograError naming what is wrong".
+The table of single bad values, each failing before a model is built, is in tests/test_user_errors.py. Here:
+the checks that read a model's shapes or need the trainer, and property-based tests (hypothesis) that throw
+random config values and malformed dataset lines at the checks and the loaders and require "loads, or a
+LograError naming what is wrong".
 """
 
 from __future__ import annotations
@@ -31,54 +32,9 @@ from logra_lightning.rl.module import PolicyGradientModule
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "arithmetic_tiny_adamw.yaml")
 LOGRA = ["--model.optimizer", "logra_lightning.optim.LoGRA"]
-KL = ["--trainer.callbacks+=logra_lightning.callbacks.KLStepControl"]
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model was built before the input was validated")
-
-    monkeypatch.setattr(module_mod, "load_policy", forbidden)
-    monkeypatch.setattr(module_mod, "resolve_model", forbidden)
-
-
-@pytest.mark.parametrize(
-    "override, match",
-    [
-        (
-            [*LOGRA, "--model.optimizer.init_args.rank", "200"],
-            r"model.optimizer.init_args.rank=200: larger than the smaller side of "
-            r"model.embed_tokens.weight \[128, 256\] "
-            r"in builtin:arithmetic-tiny; allowed 1 <= rank <= 128",
-        ),
-        ([*LOGRA, "--model.optimizer.init_args.rank", "0"], r"model.optimizer.init_args.rank=0: allowed integers >= 1"),
-        (["--model.optimizer.init_args.lr=-0.001"], r"optimizer.init_args.lr=-0.001: allowed finite numbers >= 0"),
-        (["--model.optimizer.init_args.lr", ".nan"], r"model.optimizer.init_args.lr=nan: allowed finite numbers >= 0"),
-        (
-            [*KL, "--trainer.callbacks.target_kl", "0"],
-            r"trainer.callbacks\[1\].init_args.target_kl=0.0: allowed finite numbers > 0",
-        ),
-        ([*KL, "--trainer.callbacks.target_kl=-1e-3"], r"target_kl=-0.001: allowed finite numbers > 0"),
-        (
-            ["--model.engine", "logra_lightning.rollout.VLLMEngineSpec", "--model.engine.init_args.max_model_len", "5"],
-            r"model.engine.init_args.max_model_len=5: allowed null or integers > model.max_new_tokens=5",
-        ),
-        (
-            [
-                "--trainer.callbacks+=logra_lightning.callbacks.LowRankWeightSync",
-                "--trainer.callbacks.full_sync_every=-1",
-            ],
-            r"invalid config value: ValueError: Invalid full_sync_every: -1",
-        ),  # any constructor's ValueError
-    ],
-)
-def test_bad_config_values_fail_before_any_model_is_built(override, match, no_model):
-    with pytest.raises(ConfigError, match=match):
-        main(["fit", "--config", CONFIG, *override])
-
-
-def test_rank_check_follows_include_and_exclude(no_model):
+def test_rank_check_follows_include_and_exclude(no_model_built):
     # Without the embeddings (vocab 128) the smallest low-rank side is the hidden size, 256.
     cli = LograCLI(
         args=[
@@ -237,7 +193,7 @@ def test_random_config_values_pass_or_fail_naming_a_bad_key(values):
     ),
     value=st.one_of(st.integers(-3, 3), st.floats(-2, 2), st.sampled_from([math.nan, math.inf])),
 )
-def test_random_cli_values_instantiate_or_fail_with_a_logra_error(key, value, no_model):
+def test_random_cli_values_instantiate_or_fail_with_a_logra_error(key, value, no_model_built):
     if key.split(".")[-1] in ("group_size", "batch_size", "max_new_tokens", "ppo_epochs"):
         value = int(value) if math.isfinite(value) else 0
     text = {math.nan: ".nan", math.inf: ".inf"}.get(value, str(value))  # YAML spellings: types parse, ranges decide
