@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -226,12 +227,13 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
     seeds = ["--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]), *extra]
     args = [*budget_args(s["steps"], s["steps"], s["test_size"]), "--trainer.enable_progress_bar", "false", *seeds]
+    log_dir = WORK_DIR / name / "version_0"
+    shutil.rmtree(log_dir, ignore_errors=True)  # a rerun's TensorBoard scalars must not mix with an earlier run's
     rss_before = rss_baseline()
     t0 = time.perf_counter()
     drop = ("ModelCheckpoint",) if optimizer["class_path"].endswith("LoGRA") else ("ModelCheckpoint", "KLStepControl")
     logra_main(fit_argv(name, s["config"], args, optimizer, config_callbacks(s["config"], drop)))
     seconds = time.perf_counter() - t0
-    log_dir = WORK_DIR / name / "version_0"
     summary = json.loads((Path(log_dir) / "summary.json").read_text())
     sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean", "sync/seconds", *PHASES])
     steps = [v for _, v in sc["perf/step_seconds"]]
