@@ -221,7 +221,7 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
     from benchmarks.common import budget_args, config_callbacks, fit_argv, tb_scalars
-    from logra_lightning.cli import main as logra_main
+    from logra_lightning.cli import run as logra_run
 
     _task(s)  # builds and caches the model outside the measurement
     name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
@@ -232,7 +232,7 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     rss_before = rss_baseline()
     t0 = time.perf_counter()
     drop = ("ModelCheckpoint",) if optimizer["class_path"].endswith("LoGRA") else ("ModelCheckpoint", "KLStepControl")
-    logra_main(fit_argv(name, s["config"], args, optimizer, config_callbacks(s["config"], drop)))
+    logra_run(fit_argv(name, s["config"], args, optimizer, config_callbacks(s["config"], drop)))
     seconds = time.perf_counter() - t0
     summary = json.loads((Path(log_dir) / "summary.json").read_text())
     sc = tb_scalars(log_dir, ["perf/step_seconds", "reward/mean", "sync/seconds", *PHASES])

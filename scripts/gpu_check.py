@@ -8,7 +8,7 @@
 
 For each model of :data:`gpu_check_models.MODELS` (Qwen2.5-0.5B, Qwen2.5-1.5B, a 4-layer
 Qwen2.5-7B), built locally with random weights, and each optimizer (``torch.optim.AdamW``,
-``logra_lightning.optim.LoGRA``), one *part* runs ``logra fit`` (``cli.main``) on a generated
+``logra_lightning.optim.LoGRA``), one *part* runs ``logra fit`` (``cli.run``) on a generated
 config: a few GRPO steps with ``KLStepControl`` (realized KL measured every step),
 ``LowRankWeightSync`` and ``MemoryMonitor``, rollouts from a vLLM engine colocated on the
 trainer's GPU (``gpu_memory_utilization``). It prints, and writes to one JSON
@@ -286,7 +286,7 @@ def worker_fit(spec: dict) -> None:
     import yaml
 
     from logra_lightning.callbacks import KLStepControl
-    from logra_lightning.cli import main
+    from logra_lightning.cli import run as logra
 
     torch.multiprocessing.set_start_method("spawn", force=True)  # as `logra` itself; vLLM's workers spawn
     run_dir = Path(spec["run_dir"])
@@ -296,7 +296,7 @@ def worker_fit(spec: dict) -> None:
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     device = spec["settings"]["device"]
     with DeviceUsageSampler(device) as sampler:
-        cli = main(["fit", "--config", str(cfg_path)])
+        cli = logra(["fit", "--config", str(cfg_path)])
     control = next(cb for cb in cli.trainer.callbacks if isinstance(cb, KLStepControl))
     history = [{k: v for k, v in r.items() if isinstance(v, (int, float, bool)) or v is None} for r in control.history]
     result = {

@@ -95,17 +95,17 @@ def console(argv: list[str], capsys, error: type[BaseException] | None = None) -
     ``error``, when given, is the exception ``main`` must raise (``SystemExit`` for a command line that does not
     parse, a :class:`~logra_lightning.errors.LograError` subclass for a bad value).
     """
-    from logra_lightning.cli import main
+    from logra_lightning.cli import run
     from logra_lightning.cli.main import error_line
     from logra_lightning.errors import LograError
 
     capsys.readouterr()
     try:
-        main(argv)
+        run(argv)
     except SystemExit as exit_:
         assert exit_.code == 2
         raised, err = exit_, capsys.readouterr().err
-    except LograError as exc:  # main(args) lets these propagate; the console prints error_line(exc)
+    except LograError as exc:  # run(args) lets these propagate; the console prints error_line(exc)
         raised, err = exc, capsys.readouterr().err + error_line(exc) + "\n"
     else:
         pytest.fail(f"no error for {argv}")

@@ -14,7 +14,7 @@ import torch
 from conftest import tiny_run  # tests/conftest.py
 from safetensors.torch import load_file
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run as logra
 from logra_lightning.cli.checkpoints import checkpoint_dirs, resolve_ckpt_keyword
 from logra_lightning.errors import ConfigError
 
@@ -25,15 +25,15 @@ def test_csv_logger_resume_last_and_test_best(tmp_path, capsys, tiny_policy_path
     csv.write_text(json.dumps({"trainer": {"logger": logger}}))
     common = ["--config", "arithmetic_tiny_adamw", "--config", str(csv), *tiny_run(tmp_path)]
     best_snippet = ["--trainer.callbacks+=model_checkpoint_best", "--trainer.val_check_interval", "1"]
-    first = main(["fit", *common, *best_snippet])
+    first = logra(["fit", *common, *best_snippet])
     assert "CSV logs: " in capsys.readouterr().out  # the end-of-run line names the logger used
     ckpts = Path(first.trainer.log_dir) / "checkpoints"
     (best_file,) = ckpts.glob("best-step=*-val_accuracy=*.ckpt")  # the "/" of val/accuracy is not a folder
 
-    resumed = main(["fit", *common, "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    resumed = logra(["fit", *common, "--trainer.max_steps", "3", "--ckpt_path", "last"])
     assert resumed.trainer.ckpt_path == str(ckpts / "last.ckpt") and resumed.trainer.global_step == 3
 
-    tested = main(["test", *common, "--ckpt_path", "best"])
+    tested = logra(["test", *common, "--ckpt_path", "best"])
     assert tested.trainer.ckpt_path == str(best_file)
     state = torch.load(best_file, weights_only=True)["callbacks"]
     (mc,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint") and v["monitor"] == "val/accuracy"]
@@ -44,7 +44,7 @@ def test_csv_logger_resume_last_and_test_best(tmp_path, capsys, tiny_policy_path
     newest_last = Path(resumed.trainer.log_dir) / "checkpoints" / "last.ckpt"  # the resumed run's, at step 3
     for keyword, expected in (("best", best_file), ("last", newest_last)):
         out = tmp_path / f"export_{keyword}"
-        assert main(["export", "--ckpt_path", keyword, *configs, "--out", str(out)]) == 0
+        assert logra(["export", "--ckpt_path", keyword, *configs, "--out", str(out)]) == 0
         assert json.loads((out / "logra_export.json").read_text())["checkpoint"] == str(expected)
         exported = load_file(out / "model.safetensors")
         saved = torch.load(expected, weights_only=True)["state_dict"]
@@ -147,7 +147,7 @@ def test_real_logger_resumes_last_and_tests_best(package, make_logger, layout, t
     common += ["--data.batch_size", "4", "--model.group_size", "4", "--trainer.val_check_interval", "1"]
 
     def run(command: str, *argv: str):
-        cli = main([command, *common, *argv])  # the config files first: later arguments override them
+        cli = logra([command, *common, *argv])  # the config files first: later arguments override them
         if package == "wandb":
             module.finish()  # one run per process, as from the command line (else the next fit reuses it)
         return cli

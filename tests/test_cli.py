@@ -1,4 +1,4 @@
-"""Every config in configs/ starts up through ``cli.main``, one per code path as a tiny fit; the commands' help.
+"""Every config in configs/ starts up through ``cli.run``, one per code path as a tiny fit; the commands' help.
 
 Bad values on the command line: tests/test_user_errors.py (one table, each failing before a model is built).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run  # tests/conftest.py
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.cli.lightning_cli import LograCLI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_config_smoke(config, tmp_path, tiny_policy_path):
     args = smoke_args(config, tmp_path)
     if config in OTHER_FAMILY:
         args += family_stand_in(config, tmp_path)
-    cli = main(args + UNCOMPILED)
+    cli = run(args + UNCOMPILED)
     assert cli.trainer.global_step == 2
     summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
     assert 0.0 <= summary["accuracy_after"] <= 1.0
@@ -133,13 +133,13 @@ def test_config_starts_up(config, tmp_path, no_model_built):
     """Parsed, every class instantiated, every start-up check passed and the data loaded: ``fit`` gets as far as
     building the model (forbidden here)."""
     with pytest.raises(AssertionError, match="a model was built"):
-        main(smoke_args(config, tmp_path))
+        run(smoke_args(config, tmp_path))
 
 
 def test_default_config_logs_required_metrics_and_completions(tmp_path, tiny_policy_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cli = main(["fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"), *tiny_run(tmp_path)])
+    cli = run(["fit", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml"), *tiny_run(tmp_path)])
     acc = EventAccumulator(cli.trainer.log_dir)
     acc.Reload()
     keys = set(acc.Tags()["scalars"])
@@ -170,18 +170,18 @@ def test_omegaconf_interpolation(tmp_path, no_model_built):
 
 
 def test_help_lists_every_command(capsys):
-    assert main(["--help"]) == 0
+    assert run(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"\n  {cmd} " in out for cmd in ("fit", "validate", "test", "plan", "export", "serve"))
     assert "predict" not in out
     with pytest.raises(SystemExit) as err:
-        main([])
+        run([])
     assert err.value.code == 2 and "a command is required" in capsys.readouterr().err
 
 
 def test_predict_is_not_offered(capsys):
     with pytest.raises(SystemExit):
-        main(["predict", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml")])
+        run(["predict", "--config", str(ROOT / "configs/arithmetic_tiny_adamw.yaml")])
     assert "invalid choice: 'predict'" in capsys.readouterr().err
 
 
@@ -191,13 +191,13 @@ def test_test_and_validate_evaluate_the_checkpoint_not_the_base_model(tmp_path, 
 
     config = str(ROOT / "configs/arithmetic_tiny_adamw.yaml")
     own_engine = ["--model.engine", "logra_lightning.rollout.HFEngineSpec", "--model.engine.copy_weights", "true"]
-    fit = main(["fit", "--config", config, *tiny_run(tmp_path), "--model.optimizer.init_args.lr", "3e-2", *own_engine])
+    fit = run(["fit", "--config", config, *tiny_run(tmp_path), "--model.optimizer.init_args.lr", "3e-2", *own_engine])
     ckpt = str(tmp_path / "trained.ckpt")
     fit.trainer.save_checkpoint(ckpt)
     trained = {n: p.detach().clone() for n, p in fit.model.policy.named_parameters()}
     small = ["--data.val.init_args.test_size", "16", "--trainer.logger.init_args.save_dir", str(tmp_path / "eval")]
     for command, key in (("test", "test/accuracy"), ("validate", "val/accuracy")):
-        cli = main([command, "--config", config, *small, *own_engine, "--ckpt_path", ckpt])
+        cli = run([command, "--config", config, *small, *own_engine, "--ckpt_path", ckpt])
         engine = dict(cli.model.engine.model.named_parameters())
         for name, p in trained.items():
             torch.testing.assert_close(engine[name], p, rtol=0, atol=0, msg=name)

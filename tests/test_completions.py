@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_run  # tests/conftest.py
 
 from logra_lightning.callbacks import LogCompletions
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.errors import ConfigError
 
 
@@ -17,7 +17,7 @@ def test_completions_reach_the_jsonl_file_tensorboard_and_the_printout(tmp_path,
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = ["fit", "--config", "arithmetic_tiny_adamw", *tiny_run(tmp_path)]
-    cli = main([*args, "--trainer.callbacks+=log_completions", "--trainer.callbacks.every_n_steps=1"])
+    cli = run([*args, "--trainer.callbacks+=log_completions", "--trainer.callbacks.every_n_steps=1"])
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, LogCompletions)]  # the snippet's, not a default
     rows = [json.loads(line) for line in (Path(cli.trainer.log_dir) / "completions.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0] * 8 + [1] * 8  # num_rows=8 of each step's 4 x 4 samples

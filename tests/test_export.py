@@ -24,7 +24,7 @@ import torch
 from conftest import hf_greedy_answers, tiny_run, vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run as logra
 from logra_lightning.errors import ConfigError
 from logra_lightning.io.export import MARKER, export_checkpoint, read_checkpoint
 
@@ -46,7 +46,7 @@ PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(3, 40, 7
 def run(tmp_path_factory) -> types.SimpleNamespace:
     """``logra fit --export`` for 2 steps; the trainer's policy, its greedy answers and a .ckpt of it."""
     tmp = tmp_path_factory.mktemp("export_run")
-    cli = main(
+    cli = logra(
         [
             "fit",
             "--config",
@@ -104,7 +104,7 @@ def test_transformers_loads_the_export_and_answers_like_the_trainer(run):
 
 
 def test_logra_export_from_the_ckpt_matches_the_fit_export(run, tmp_path):
-    assert main(["export", "--ckpt_path", str(run.ckpt), "--out", str(tmp_path / "out")]) == 0
+    assert logra(["export", "--ckpt_path", str(run.ckpt), "--out", str(tmp_path / "out")]) == 0
     a, b = load_file(run.export / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads(
@@ -117,7 +117,7 @@ def test_logra_export_from_the_ckpt_matches_the_fit_export(run, tmp_path):
 
 def test_the_checkpoint_still_resumes(run, tmp_path):
     """The start-up checks of --ckpt_path let a whole checkpoint through to Lightning."""
-    cli = main(
+    cli = logra(
         [
             "fit",
             "--config",
@@ -146,7 +146,7 @@ def test_logra_export_from_a_distributed_checkpoint(run, tmp_path):
     weights, hparams = read_checkpoint(dist_dir)
     assert hparams["model"] == "builtin:arithmetic-tiny-raw" and hparams["global_step"] == 2
     assert all(torch.equal(weights[k], run.weights[k]) for k in run.weights)
-    main(["export", "--ckpt_path", str(dist_dir), "--out", str(tmp_path / "out")])
+    logra(["export", "--ckpt_path", str(dist_dir), "--out", str(tmp_path / "out")])
     out = load_file(tmp_path / "out" / "model.safetensors")
     assert all(torch.equal(out[k], run.weights[k]) for k in out)
 
@@ -161,7 +161,7 @@ def test_logra_export_from_a_distributed_checkpoint(run, tmp_path):
 def test_export_refuses_a_target_that_holds_other_things(run, tmp_path, make, match):
     out = make(tmp_path)
     with pytest.raises(ConfigError, match=match):
-        main(["export", "--ckpt_path", str(run.ckpt), "--out", str(out)])
+        logra(["export", "--ckpt_path", str(run.ckpt), "--out", str(out)])
     assert not (tmp_path / "keep.txt").exists() or (tmp_path / "keep.txt").read_text() == "mine"
 
 
@@ -185,7 +185,7 @@ def test_export_refuses_a_target_that_holds_other_things(run, tmp_path, make, ma
 def test_export_errors_name_the_argument(run, tmp_path, args, match):
     args = [str(run.ckpt) if a == "CKPT" else str(tmp_path / "out") if a == "OUT" else a for a in args]
     with pytest.raises(ConfigError, match=match):
-        main(["export", *args])
+        logra(["export", *args])
     assert not (tmp_path / "out").exists()
 
 

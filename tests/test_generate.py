@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from conftest import tiny_run  # tests/conftest.py
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.cli.generate import pass_at_k
 from logra_lightning.errors import ConfigError
 
@@ -23,7 +23,7 @@ def test_pass_at_k_matches_its_definition():
 
 def test_completions_of_a_model_directory(tiny_policy_path, capsys):
     assert (
-        main(
+        run(
             [
                 "generate",
                 "--model",
@@ -63,7 +63,7 @@ def test_pass_at_k_of_a_checkpoint(tmp_path, monkeypatch, capsys, tiny_policy_pa
             for b in (4, 9)
         )
     )
-    cli = main(["fit", "--config", "arithmetic_tiny_adamw", *tiny_run(tmp_path)])
+    cli = run(["fit", "--config", "arithmetic_tiny_adamw", *tiny_run(tmp_path)])
     capsys.readouterr()
     args = [
         "generate",
@@ -102,7 +102,7 @@ def test_pass_at_k_of_a_checkpoint(tmp_path, monkeypatch, capsys, tiny_policy_pa
         )
     )
     assert cli.trainer.checkpoint_callback.last_model_path  # the fit wrote last.ckpt, which `last` finds
-    assert main(args) == 0
+    assert run(args) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["problems"] == 6 and set(result) >= {"greedy_accuracy", "pass@1", "pass@2", "pass@4"}
     assert 0 <= result["pass@1"] <= result["pass@2"] <= result["pass@4"] <= 1
@@ -118,4 +118,4 @@ def test_pass_at_k_of_a_checkpoint(tmp_path, monkeypatch, capsys, tiny_policy_pa
 )
 def test_bad_arguments_are_one_config_error(argv, match):
     with pytest.raises(ConfigError, match=match):
-        main(["generate", *argv])
+        run(["generate", *argv])

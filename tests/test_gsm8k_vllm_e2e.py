@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run  # tests/conftest.py
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.models import TinyModelConfig, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ pytest.importorskip("vllm")
 @pytest.mark.vllm
 def test_gsm8k_config_end_to_end_with_vllm(tmp_path):
     model = build_tiny_model(tmp_path / "tiny-512", TinyModelConfig(num_layers=2, max_position_embeddings=512))
-    cli = main(
+    cli = run(
         [
             "fit",
             "--config",

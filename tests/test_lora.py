@@ -1,6 +1,6 @@
 """LoRA (PEFT) through ``logra fit``: the low-rank update of a merged weight, names, exports, start-up errors.
 
-The unit tests use a real PEFT-wrapped tiny Qwen2; the end-to-end test runs ``cli.main(["fit", ...])``
+The unit tests use a real PEFT-wrapped tiny Qwen2; the end-to-end test runs ``cli.run(["fit", ...])``
 with LoRA on the warmed-up tiny policy and the real vLLM CPU engine kept in sync by the low-rank
 updates (engine-vs-trainer drift <= 1e-4), exports the run and loads the export in plain transformers.
 
@@ -20,7 +20,7 @@ import torch
 from conftest import hf_greedy_answers, tiny_run, vllm_greedy_answers  # tests/conftest.py
 from safetensors.torch import load_file
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.errors import ConfigError
 from logra_lightning.models.lora import LoRA, base_param_name, lora_delta_factors, merge_lora_state_dict
 
@@ -149,7 +149,7 @@ def lora_run(tmp_path_factory, tiny_policy_path) -> types.SimpleNamespace:
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
     tmp = tmp_path_factory.mktemp("lora_run")
-    cli = main(
+    cli = run(
         [
             "fit",
             "--config",
@@ -203,7 +203,7 @@ def test_export_of_a_lora_run_is_a_plain_model(lora_run, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(lora_run.export)  # plain transformers, no peft, no logra code
     assert hf_greedy_answers(model, lora_run.tok, [r["prompt"] for r in PROMPTS]) == lora_run.answers
     # logra export from the checkpoint merges the same way
-    assert main(["export", "--ckpt_path", str(lora_run.ckpt), "--out", str(tmp_path / "out")]) == 0
+    assert run(["export", "--ckpt_path", str(lora_run.ckpt), "--out", str(tmp_path / "out")]) == 0
     again = load_file(tmp_path / "out" / "model.safetensors")
     assert set(again) == set(exported) and all(torch.equal(again[k], exported[k]) for k in again)
     hp = torch.load(lora_run.ckpt, weights_only=True)["hyper_parameters"]["adapter"]
@@ -263,10 +263,10 @@ def test_lora_with_kl_control_and_resume(tmp_path, tiny_policy_path):
         "--trainer.logger.init_args.save_dir",
         str(tmp_path),
     ]
-    cli = main(["fit", *common, "--trainer.max_steps", "4"])
+    cli = run(["fit", *common, "--trainer.max_steps", "4"])
     s = _scalars(cli.trainer.log_dir)
     assert max(s["sync/logprob_abs_diff_max"]) <= 1e-4
     assert min(s["kl/step_scale"]) < 1.0  # lr 3e-2 is far above the target: the control scaled the steps
-    resumed = main(["fit", *common, "--trainer.max_steps", "6", "--ckpt_path", "last"])
+    resumed = run(["fit", *common, "--trainer.max_steps", "6", "--ckpt_path", "last"])
     assert resumed.trainer.global_step == 6 and isinstance(resumed.model.adapter, LoRA)
     assert max(_scalars(resumed.trainer.log_dir)["sync/logprob_abs_diff_max"]) <= 1e-4

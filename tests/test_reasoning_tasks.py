@@ -342,9 +342,9 @@ def test_config_asks_for_the_problems_the_policy_was_warmed_up_on_and_scores_the
 def test_config_runs_rl_on_a_tiny_policy(task: str, tiny_reasoning_path: str, tmp_path: Path) -> None:
     from conftest import tiny_run  # tests/conftest.py
 
-    from logra_lightning.cli import main
+    from logra_lightning.cli import run
 
-    cli = main(
+    cli = run(
         [
             "fit",
             "--config",

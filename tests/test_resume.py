@@ -18,7 +18,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.data import ArithmeticSource, PromptDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,10 +137,10 @@ def test_killed_run_resumed_from_last_checkpoint_equals_uninterrupted_run(tmp_pa
     assert torch.load(last, weights_only=False, map_location="cpu")["global_step"] == kill_at
 
     resume_cfg = _override(tmp_path / "resume.yaml", tmp_path / "killed", None)
-    resumed = main(["fit", "--config", str(CONFIG), "--config", str(resume_cfg), "--ckpt_path", "last"])
+    resumed = run(["fit", "--config", str(CONFIG), "--config", str(resume_cfg), "--ckpt_path", "last"])
     assert resumed.trainer.ckpt_path == str(last)  # found in the killed run's version dir, not the new one
     full_cfg = _override(tmp_path / "full.yaml", tmp_path / "full", None)
-    full = main(["fit", "--config", str(CONFIG), "--config", str(full_cfg)])
+    full = run(["fit", "--config", str(CONFIG), "--config", str(full_cfg)])
 
     assert resumed.trainer.global_step == full.trainer.global_step == 4
     a, b = _scalars(Path(full.trainer.log_dir)), _scalars(Path(resumed.trainer.log_dir))

@@ -9,7 +9,7 @@ import pytest
 from conftest import console, tiny_run  # tests/conftest.py
 
 from logra_lightning.builtin.registry import cache_dir
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.cli.shipped import purpose, shipped
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_repository_config_and_snippet_is_shipped_with_its_purpose(capsys):
     assert set(shipped("configs")) == {p.stem for p in (ROOT / "configs").glob("*.yaml")}
     assert set(shipped("callbacks")) == {p.stem for p in (ROOT / "callbacks").glob("*.yaml")}
-    assert main(["configs"]) == 0
+    assert run(["configs"]) == 0
     out = capsys.readouterr().out
     for kind in ("configs", "callbacks"):
         for name, path in shipped(kind).items():
@@ -27,9 +27,9 @@ def test_every_repository_config_and_snippet_is_shipped_with_its_purpose(capsys)
 
 
 def test_configs_cp_copies_a_config_and_a_snippet(tmp_path, capsys):
-    assert main(["configs", "cp", "arithmetic_tiny_adamw", str(tmp_path / "mine.yaml")]) == 0
+    assert run(["configs", "cp", "arithmetic_tiny_adamw", str(tmp_path / "mine.yaml")]) == 0
     assert (tmp_path / "mine.yaml").read_text() == (ROOT / "configs/arithmetic_tiny_adamw.yaml").read_text()
-    assert main(["configs", "cp", "memory_monitor", str(tmp_path)]) == 0  # into a folder, under its own name
+    assert run(["configs", "cp", "memory_monitor", str(tmp_path)]) == 0  # into a folder, under its own name
     assert (tmp_path / "memory_monitor.yaml").read_text() == (ROOT / "callbacks/memory_monitor.yaml").read_text()
     assert "logra fit --config" in capsys.readouterr().out
 
@@ -59,7 +59,7 @@ def test_unknown_names_fail_with_one_line_naming_close_ones(argv, match, tmp_pat
 def test_fit_by_name_outside_a_clone(tmp_path, monkeypatch, tiny_policy_path):
     """From a directory without configs/: a config by name, a snippet by name, and the documented configs/ path."""
     monkeypatch.chdir(tmp_path)
-    cli = main(
+    cli = run(
         [
             "fit",
             "--config",

@@ -79,9 +79,9 @@ def test_export_rebuilds_the_same_config_without_converting(tmp_path: Path, conv
 
 
 def test_logra_plan_takes_the_builtin_name(capsys) -> None:
-    from logra_lightning.cli import main
+    from logra_lightning.cli import run
 
-    assert main(["plan", "--model", "builtin:smollm2-135m-instruct", "--gpus", "1", "--rank", "16", "--json"]) == 0
+    assert run(["plan", "--model", "builtin:smollm2-135m-instruct", "--gpus", "1", "--rank", "16", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["model"]["params"] == PARAMETERS and plan["model"]["num_layers"] == 30
 
@@ -93,14 +93,14 @@ def test_two_rl_steps_with_vllm_lowrank_sync_and_kl_control_then_export(tmp_path
     pytest.importorskip("reasoning_gym")
     from safetensors.torch import load_file
 
-    from logra_lightning.cli import main
+    from logra_lightning.cli import run
 
     config = sorted(ROOT.glob("configs/smollm2_*.yaml"))[0]
     kl = {
         "class_path": "logra_lightning.callbacks.KLStepControl",
         "init_args": {"target_kl": 1e-3, "min_scale": 0.0, "sample_tokens": 64, "measure_every": 1},
     }
-    cli = main(
+    cli = run(
         [
             "fit",
             "--config",

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_run  # tests/conftest.py
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.data import TableSource
 from logra_lightning.errors import ConfigError, DataError
 
@@ -117,7 +117,7 @@ def test_fit_on_a_parquet_file_whose_extra_column_the_reward_reads(tmp_path, mon
     (tmp_path / "task.yaml").write_text(
         json.dumps({"model": {"reward": "my_reward.py:by_difficulty"}, "data": {"train": source, "val": source}})
     )
-    cli = main(["fit", "--config", "arithmetic_tiny_adamw", "--config", "task.yaml", *tiny_run(tmp_path)])
+    cli = run(["fit", "--config", "arithmetic_tiny_adamw", "--config", "task.yaml", *tiny_run(tmp_path)])
     acc = EventAccumulator(cli.trainer.log_dir)
     acc.Reload()
     assert [e.value for e in acc.Scalars("reward/mean")] == pytest.approx([0.3, 0.3])  # 3 / 10 on every sample

@@ -1,6 +1,6 @@
 """Every everyday mistake ends in one ``logra: error:`` line naming the thing and the fix, with no traceback.
 
-Cases are run in-process through :func:`logra_lightning.cli.main` the way the console runs it
+Cases are run in-process through :func:`logra_lightning.cli.run`, checked for what the console prints
 (:func:`console`), with model building forbidden (every case must fail before a model is
 loaded); a few run ``python -m logra_lightning`` as a subprocess to check the exit status and
 that stderr holds no traceback. The property-based tests (hypothesis) generate bad config
@@ -24,7 +24,7 @@ from conftest import console  # tests/conftest.py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.errors import ConfigError, DataError, LograError
 from logra_lightning.io.checkpoint import check_checkpoint_path
 from logra_lightning.models import TinyModelConfig, build_tiny_model
@@ -614,5 +614,5 @@ def test_resume_says_which_settings_the_checkpoint_replaces(tmp_path, monkeypatc
     path = tmp_path / "run.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"model": "builtin:arithmetic-tiny", "group_size": 4}}, path)
     with pytest.raises(AssertionError, match="a model was built"):  # the check runs, then the (forbidden) build
-        main(["fit", "--config", CONFIG, "--model.group_size", "8", "--ckpt_path", str(path)])
+        run(["fit", "--config", CONFIG, "--model.group_size", "8", "--ckpt_path", str(path)])
     assert len(said) == 1 and "replace model.group_size=8 (now 4)" in said[0], said

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run  # tests/conftest.py
 
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.errors import ConfigError
 from logra_lightning.rewards import ExactMatchReward, WeightedRewards, as_reward, call_reward
 from logra_lightning.rl.faults import FaultPolicy
@@ -142,7 +142,7 @@ def test_fit_with_rewards_from_a_file_in_the_working_directory(reward_dir, tiny_
             }
         )
     )
-    cli = main(["fit", "--config", "arithmetic_tiny_adamw", "--config", "rl.yaml", *tiny_run(reward_dir)])
+    cli = run(["fit", "--config", "arithmetic_tiny_adamw", "--config", "rl.yaml", *tiny_run(reward_dir)])
     assert cli.trainer.global_step == 2
     acc = EventAccumulator(cli.trainer.log_dir)
     acc.Reload()

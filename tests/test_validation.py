@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import logra_lightning.rl.module as module_mod
-from logra_lightning.cli import main
+from logra_lightning.cli import run
 from logra_lightning.cli.lightning_cli import LograCLI
 from logra_lightning.config.checks import validate_fit_config
 from logra_lightning.config.model_spec import model_config
@@ -50,7 +50,7 @@ def test_rank_check_follows_include_and_exclude(no_model_built):
     )
     assert cli.model.hparams.group_size == 8  # instantiated: the rank was accepted
     with pytest.raises(ConfigError, match=r"rank=257: .*model.layers.0.self_attn.q_proj.weight \[256, 256\]"):
-        main(
+        run(
             [
                 "fit",
                 "--config",

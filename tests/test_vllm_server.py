@@ -14,6 +14,8 @@ import importlib.util
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -47,7 +49,11 @@ class Server:
         self.proc = None
 
     def start(self, wait: bool = True) -> Server:
-        self.proc = serve.spawn(self.model, self.port, *SERVER_ARGS, log_path=self.log)
+        cmd = [sys.executable, "-m", "logra_lightning", "serve", "--model", self.model, "--port", str(self.port)]
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the file
+            self.proc = subprocess.Popen(
+                [*cmd, *SERVER_ARGS], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         if wait:
             ServerClient(self.url).wait_until_up(300)
         return self

@@ -25,9 +25,9 @@ sample completions with :class:`~logra_lightning.callbacks.LogCompletions` unles
 
 Example::
 
-    >>> from logra_lightning.cli import main
-    >>> main(["fit", "--config", "configs/arithmetic_tiny.yaml", "--trainer.max_steps", "2"])  # doctest: +SKIP
-    >>> main(["fit", "--config", "configs/arithmetic_tiny.yaml", "--ckpt_path", "last"])  # doctest: +SKIP
+    >>> from logra_lightning.cli import run
+    >>> run(["fit", "--config", "configs/arithmetic_tiny.yaml", "--trainer.max_steps", "2"])  # doctest: +SKIP
+    >>> run(["fit", "--config", "configs/arithmetic_tiny.yaml", "--ckpt_path", "last"])  # doctest: +SKIP
 """
 
 from __future__ import annotations

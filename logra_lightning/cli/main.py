@@ -1,9 +1,9 @@
 """The ``logra`` command: ``fit|validate|test`` (LightningCLI), and ``plan|export|serve|generate|configs``.
 
-``logra`` and ``python -m logra_lightning`` both run :func:`main`. ``plan``, ``export``, ``serve``,
-``generate`` and ``configs`` have their own small parsers (:mod:`logra_lightning.plan.cli`,
-:mod:`logra_lightning.cli.export`, :mod:`logra_lightning.cli.serve`, :mod:`logra_lightning.cli.generate`,
-:mod:`logra_lightning.cli.shipped`); the trainer subcommands are
+``logra`` and ``python -m logra_lightning`` both run :func:`main` (the console); from Python, :func:`run`.
+``plan``, ``export``, ``serve``, ``generate`` and ``configs`` have their own small parsers
+(:mod:`logra_lightning.plan.cli`, :mod:`logra_lightning.cli.export`, :mod:`logra_lightning.cli.serve`,
+:mod:`logra_lightning.cli.generate`, :mod:`logra_lightning.cli.shipped`); the trainer subcommands are
 :class:`~logra_lightning.cli.lightning_cli.LograCLI`.
 
 ``--config`` takes a file or the name of a shipped config (``logra configs`` lists them), and the
@@ -12,9 +12,9 @@ in a module beside it (``model.reward: my_reward.score``).
 
 Example::
 
-    >>> from logra_lightning.cli import main
-    >>> main(["fit", "--config", "configs/arithmetic_tiny.yaml", "--trainer.max_steps", "2"])  # doctest: +SKIP
-    >>> main(["fit", "--config", "configs/arithmetic_tiny.yaml", "--ckpt_path", "last"])  # doctest: +SKIP
+    >>> from logra_lightning.cli import run
+    >>> run(["fit", "--config", "configs/arithmetic_tiny.yaml", "--trainer.max_steps", "2"])  # doctest: +SKIP
+    >>> run(["fit", "--config", "configs/arithmetic_tiny.yaml", "--ckpt_path", "last"])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Sequence
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from logra_lightning.errors import ConfigError, LograError
@@ -78,57 +80,48 @@ def _builtin_plan_model(argv: list[str]) -> list[str]:
     return out
 
 
-def main(args: list[str] | None = None) -> LograCLI | int | None:
-    """Entry point of ``logra`` and ``python -m logra_lightning``; ``args`` defaults to ``sys.argv[1:]``.
+def run(argv: Sequence[str]) -> LograCLI | int:
+    """``logra ARGV`` from Python: the :class:`LograCLI` of ``fit``/``validate``/``test``, or a command's exit code.
 
-    Called with ``args`` (from Python) it returns the :class:`LograCLI` (or the exit code of
-    ``plan``/``export``/``serve``/``generate``/``configs``) and lets a :class:`~logra_lightning.errors.LograError`
-    propagate; from the console it returns ``None`` (exit status 0; the console script passes the
-    return value to ``sys.exit``) and turns a ``LograError`` into ``logra: error: ...`` and exit
-    status 2. A command line that does not parse (unknown key, wrong type, missing ``--config``
-    file) prints that one line and exits with status 2 either way, as argparse does.
+    A :class:`~logra_lightning.errors.LograError` propagates to the caller; a command line that does not parse
+    (unknown key, wrong type, missing ``--config`` file) prints its one ``logra: error:`` line and exits with
+    status 2, as argparse does.
     """
-    argv = list(sys.argv[1:] if args is None else args)
-    if args is None:  # a console entry point: vLLM's engine and DDP workers must not fork a threaded process
-        import torch.multiprocessing
+    return _run(list(argv), own_command_line=False)
 
-        torch.multiprocessing.set_start_method("spawn", force=True)
+
+def main() -> int | None:
+    """The console entry point (``logra``, ``python -m logra_lightning``): runs ``sys.argv[1:]``.
+
+    Returns ``None`` (exit status 0) or a command's non-zero exit code, which the console script passes to
+    ``sys.exit``; a :class:`~logra_lightning.errors.LograError` becomes ``logra: error: ...`` and exit status 2.
+    """
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_start_method("spawn", force=True)  # vLLM's engine and DDP workers: no forked threads
+    try:
+        out = _run(sys.argv[1:], own_command_line=True)
+    except LograError as err:
+        _fail(error_line(err))
+    return (out or None) if isinstance(out, int) else None
+
+
+def _run(argv: list[str], own_command_line: bool) -> LograCLI | int:
+    """:func:`run`; ``own_command_line``: ``argv`` is this process's ``sys.argv[1:]``, which Lightning's DDP
+    launcher starts its other ranks with, so the resolved command line is written back there."""
     if not argv:
         _fail("logra: error: a command is required: fit, validate, test, plan, export, serve, generate or configs")
     if argv[0] in ("-h", "--help"):
         print(USAGE, end="")
-        return 0 if args is not None else None
+        return 0
     if os.getcwd() not in sys.path:  # a reward or source in a module beside the config (as `trl` does)
         sys.path.insert(0, os.getcwd())
-    if argv and argv[0] == "plan":
+    if argv[0] == "plan":
         from logra_lightning import plan
 
         return plan.main(_builtin_plan_model(argv[1:]))
-    if argv and argv[0] == "serve":  # a vLLM server for VLLMServerEngineSpec (docs/server_engine.md)
-        from logra_lightning.cli import serve
-
-        code = serve.main(argv[1:])
-        return code if args is not None else None
-    try:
-        if argv[0] == "configs":
-            from logra_lightning.cli import shipped
-
-            code = shipped.main(argv[1:])
-            return code if args is not None else (code or None)
-        if argv[0] == "generate":
-            from logra_lightning.cli import generate
-
-            code = generate.main(argv[1:])
-            return code if args is not None else None
-        if argv and argv[0] == "export":
-            from logra_lightning.cli import export
-
-            code = export.main(argv[1:])
-            return code if args is not None else None
-    except LograError as err:
-        if args is not None:
-            raise
-        _fail(error_line(err))
+    if argv[0] in COMMANDS:
+        return import_module(COMMANDS[argv[0]]).main(argv[1:])
     from omegaconf.errors import OmegaConfBaseException
 
     from logra_lightning.cli.lightning_cli import LograCLI, interpolation_error_line, parse_error_line, subcommand_of
@@ -140,19 +133,24 @@ def main(args: list[str] | None = None) -> LograCLI | int | None:
         check_config_files(argv)  # a parse error, like jsonargparse's own: exits from Python too
     except ConfigError as err:
         _fail(error_line(err))
-    if args is None:
-        sys.argv[1:] = argv  # the CLI reads the resolved paths from there
+    if own_command_line:
+        sys.argv[1:] = argv  # the resolved paths, for the CLI and for the DDP launcher's other ranks
     try:
-        cli = LograCLI(args=None if args is None else argv)  # None: the CLI reads sys.argv itself, without a warning
+        # None: the CLI reads sys.argv itself (given both, LightningCLI warns that they may disagree)
+        return LograCLI(args=None if own_command_line else argv)
     except argparse.ArgumentError as err:
         _fail("logra: error: " + parse_error_line(str(err), subcommand_of(argv)))
     except OmegaConfBaseException as err:  # an interpolation that cannot be resolved: a parse error too
         _fail("logra: error: " + interpolation_error_line(err, config_file_args(argv)))
-    except LograError as err:
-        if args is not None:  # called from Python (tests): let the caller see the exception
-            raise
-        _fail(error_line(err))
-    return cli if args is not None else None
+
+
+# The commands with a parser of their own: `main(argv)` returns an exit code, a bad value raises LograError.
+COMMANDS = {
+    "serve": "logra_lightning.cli.serve",  # a vLLM server for VLLMServerEngineSpec (docs/server_engine.md)
+    "configs": "logra_lightning.cli.shipped",
+    "generate": "logra_lightning.cli.generate",
+    "export": "logra_lightning.cli.export",
+}
 
 
 if __name__ == "__main__":

@@ -105,22 +105,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["logra serve", "--model", model, *flags]
     serve()
     return 0
-
-
-def spawn(model: str, port: int, *extra: str, log_path: str | None = None, env: dict | None = None):
-    """Start ``logra serve --model MODEL --port PORT EXTRA...`` as a child process in its own session.
-
-    For scripts and tests that need a server beside the trainer (the benchmark, the restart test).
-    Stop it with ``os.killpg(proc.pid, signal.SIGTERM)`` (the session holds vLLM's engine processes
-    too); wait for it with :meth:`~logra_lightning.rollout.vllm.client.ServerClient.wait_until_up`.
-
-    Returns:
-        The ``subprocess.Popen`` of the server (stdout and stderr to ``log_path``, or discarded).
-    """
-    import subprocess
-
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-    cmd = [sys.executable, "-m", "logra_lightning", "serve", "--model", model, "--port", str(port), *extra]
-    return subprocess.Popen(
-        cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
-    )
