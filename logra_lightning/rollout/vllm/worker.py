@@ -227,7 +227,7 @@ class _SyncState:
         self.targets: dict[str, list[tuple[str, str]]] = {}  # HF name -> [(vLLM module, param attr)]
         self.shapes: dict[str, tuple[int, ...]] = {}  # HF name -> shape in the checkpoint
         self.reload_modules: set[str] = set()  # vLLM module names updated through the shadow
-        self.shadow: dict[str, torch.Tensor] = {}  # HF name -> fp32 tensor (names feeding reload modules)
+        self.shadow: dict[str, torch.Tensor] = {}  # HF name -> fp32 tensor (reload modules' and low_inplace names)
         self.members: dict[str, list[str]] = {}  # reload module -> every HF name it loads from
         self.touched: set[str] = set()  # reload modules changed since the last commit
         self.low_inplace: set[str] = set()  # HF names of in-place weights below fp32: written from their shadow
