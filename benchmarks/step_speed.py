@@ -110,7 +110,9 @@ def measure_row(settings: dict, cfg: dict) -> dict:
         fb.append(time.perf_counter() - start)
         if opt is not None:
             opt.step()
-        policy.zero_grad(set_to_none=True)
+            opt.zero_grad()  # LoGRA's also drops the step's sketches
+        else:
+            policy.zero_grad(set_to_none=True)
         step.append(time.perf_counter() - start)
     seconds = statistics.median(fb[2:])
     flops = dims.training_flops(seqs.lengths.tolist(), int(seqs.mask.sum()))
