@@ -6,6 +6,8 @@ Run: ``.venv/bin/python -m pytest tests/test_memory_monitor.py -q``
 from __future__ import annotations
 
 import gc
+import os
+import types
 from contextlib import nullcontext
 
 import lightning as L
@@ -19,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from logra_lightning.callbacks.memory import GB, MemoryMonitor
 from logra_lightning.optim import LoGRA, logra_param_groups, optimizer_state_bytes
-from logra_lightning.optim.host_memory import trim
+from logra_lightning.optim.host_memory import bound_onednn_cache, trim
 from logra_lightning.rl.phases import announce_phase
 
 torch.set_num_threads(1)
@@ -94,6 +96,7 @@ def test_fallback_phases_and_adamw_accounting(tmp_path):
         assert all(p >= c > 0.01 for p, c in zip(peak, current))  # a peak RSS is at least the RSS at the end
     assert not any(k.startswith("memory/rollout") for k in scalars)  # nothing announced
     assert not any(k.endswith("reserved_gb") for k in scalars)  # CUDA only
+    assert "memory/engine_rss_gb" not in scalars  # the module has no engine
     n_params = 32 * 64 + 64 + 64 * 64 + 64 + 64 * 8 + 8
     assert scalars["memory/params_gb"][-1] == pytest.approx(n_params * 4 / GB, rel=1e-6)
     assert scalars["memory/grads_gb"][-1] == pytest.approx(n_params * 4 / GB, rel=1e-6)  # AdamW keeps full grads
@@ -134,6 +137,19 @@ def test_announced_phases_per_rank_and_logra_accounting(tmp_path):
     assert logra_state < 0.5 * adamw["_state_bytes"][0]
     # LoGRA frees low-rank grads in backward: only the biases' grads are live
     assert scalars[f"{pre}/grads_gb"][-1] == pytest.approx((64 + 64 + 8) * 4 / GB, rel=1e-6)
+
+
+def test_engine_memory_is_logged_when_the_engine_reports_it(tmp_path):
+    module = TinyModule("adamw")
+    module.engine = types.SimpleNamespace(rss_bytes=lambda: 3 * 10**9)  # VLLMEngine's: tests/test_vllm_engine.py
+    assert fit(tmp_path, module)["memory/engine_rss_gb"] == [3.0, 3.0, 3.0]
+
+
+def test_onednn_cache_is_bounded_unless_the_user_set_it(monkeypatch):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert bound_onednn_cache() and os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    assert not bound_onednn_cache() and os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
 
 
 def test_refuses_trainer_without_logger():

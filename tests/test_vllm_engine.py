@@ -412,7 +412,7 @@ def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engin
     env = engine_env
     policy, _ = load_policy(env.path)
     start = copy.deepcopy(policy)
-    module, sync = DigitRL(policy, env.tok, env.engine), LowRankWeightSync(full_sync_every=0)
+    module, sync = DigitRL(policy, env.tok, env.engine), LowRankWeightSync(full_sync_every=0, check_drift_every=1)
     trainer = L.Trainer(
         max_steps=50,
         logger=False,
@@ -439,11 +439,38 @@ def test_fifty_steps_of_lowrank_syncs_keep_engine_and_trainer_in_agreement(engin
     assert math.isclose(sync.total_bytes, dense_bytes + 6 * rank_bytes + 44 * coef_bytes)
     assert rank_bytes / dense_bytes <= 0.15 and coef_bytes / dense_bytes <= 0.08
     assert maxes.max() <= 1e-4, f"engine drifted: per-step max |diff| {maxes.tolist()}"
+    # the weights themselves: each of the 50 syncs rounds an entry at most twice on each side (the product of the
+    # factors, the sum), a few fp32 ulps of the largest entry
+    bound = 50 * 4 * torch.finfo(torch.float32).eps * max(float(p.detach().abs().max()) for p in policy.parameters())
+    assert trainer.callback_metrics["sync/weight_drift_max"] <= bound  # the callback's check after the last sync
     print(
         f"\n50 low-rank syncs: worst per-step mean |diff| {means.max():.2e}, worst max |diff| {maxes.max():.2e}, "
         f"policy moved {moved:.3f} nats/token, bytes per sync / full {rank_bytes / dense_bytes:.4f} with bases, "
         f"{coef_bytes / dense_bytes:.4f} coefficients only"
     )  # with -s
+
+
+@pytest.mark.vllm
+def test_weight_drift_reads_the_engines_copy_of_every_weight(engine_env):
+    """The drift check compares sampled entries of the engine's fp32 copy with the trainer's weights: zero after a
+    full sync, the size of a change made on the engine's side only; the engine's processes report their memory."""
+    env = engine_env
+    policy, _ = load_policy(env.path)
+    env.engine.load_weights(policy.named_parameters())
+    clean = env.engine.weight_drift(policy.named_parameters(), count=64)
+    n_weights = len(list(policy.parameters()))
+    assert clean["max_abs"] == 0.0 and clean["weights"] == n_weights
+    assert clean["entries"] == sum(min(64, p.numel()) for p in policy.parameters())
+    name = "model.layers.1.mlp.down_proj.weight"
+    m, n = policy.get_parameter(name).shape
+    left, right = torch.full((m, 1), 1e-3), torch.ones(1, n)  # every entry of that weight moves by 1e-3
+    env.engine.apply_lowrank_updates([LowRankUpdate(name, 1.0, left, right)])
+    try:
+        moved = env.engine.weight_drift(policy.named_parameters(), count=64)["max_abs"]
+    finally:
+        env.engine.apply_lowrank_updates([LowRankUpdate(name, 1.0, -left, right)])
+    assert math.isclose(moved, 1e-3, rel_tol=1e-3)  # |w + 1e-3 - w| in fp32, for |w| < 1
+    assert env.engine.rss_bytes() > 100e6  # the engine core and its worker: a vLLM process alone is larger
 
 
 @pytest.mark.vllm
@@ -470,12 +497,14 @@ def test_bf16_engine_keeps_low_rank_changes_below_its_rounding(tmp_path):
                 w.mul_(1.0).addmm_(left, right)  # the trainer's fp32 weight, as the worker's fp32 shadow updates
                 engine.apply_lowrank_updates([LowRankUpdate(name, 1.0, left, right)])
         synced = engine.generate(_prompts(tok), n=1, sampling=greedy)
+        drift = engine.weight_drift([(name, w)], count=4096)["max_abs"]  # the fp32 copy the bf16 weight is made from
         engine.load_weights(policy.named_parameters())  # the trainer's weights, rounded to bf16 once
         full = engine.generate(_prompts(tok), n=1, sampling=greedy)
     finally:
         engine.close()
     flat = lambda r: torch.tensor([lp for lps in r.logprobs for lp in lps])  # noqa: E731
     assert synced.completion_ids == full.completion_ids, "the engine's embedding lost low-rank changes"
+    assert drift <= 100 * 4 * torch.finfo(torch.float32).eps * float(w.detach().abs().max())  # 2 roundings a side
     gap = float((flat(synced) - flat(full)).abs().max())
     moved = float((flat(before) - flat(full)).abs().max()) if before.completion_ids == full.completion_ids else 1.0
     print(f"\nbf16 engine after 100 sub-rounding syncs: {gap:.2e} from a full sync, changes moved {moved:.2e}")

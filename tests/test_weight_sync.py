@@ -239,6 +239,15 @@ def test_invalid_argument_is_named():
         LowRankWeightSync(full_sync_every=-1)
     with pytest.raises(ValueError, match="wire_dtype: 'fp8'"):
         LowRankWeightSync(wire_dtype="fp8")
+    with pytest.raises(ValueError, match="check_drift_every: -1"):
+        LowRankWeightSync(check_drift_every=-1)
+    with pytest.raises(ValueError, match="drift_entries: 0"):
+        LowRankWeightSync(drift_entries=0)
+
+
+def test_drift_check_on_an_engine_that_cannot_report_is_refused_at_start(tiny_path):
+    with pytest.raises(RuntimeError, match="HFEngine cannot report .* set check_drift_every: 0"):
+        fit(SyncedModule(tiny_path), steps=1, callbacks=[LowRankWeightSync(check_drift_every=1)])
 
 
 # ------------------------------------------------- the engine keeps the basis (protocol)

@@ -178,6 +178,8 @@ class MemoryMonitor(L.Callback):
         - ``memory/grads_gb``: bytes of live ``.grad`` tensors, the larger of the counts taken after backward
           and before the optimizer step (LoGRA frees low-rank gradients in backward, so this is small).
         - ``memory/optimizer_state_gb``: bytes in the state of all of the trainer's optimizers, after the step.
+        - ``memory/engine_rss_gb``: resident memory of the rollout engine's own processes at the end of the batch,
+          when ``pl_module.engine`` reports it (``rss_bytes()``: :class:`~logra_lightning.rollout.vllm.VLLMEngine`).
 
         ``<phase>`` is ``rollout``, ``forward_backward``, ``optimizer``, ``weight_sync`` or any name a
         module announces. With ``per_rank=True`` every key becomes ``memory/rank{r}/<rest>``.
@@ -310,6 +312,10 @@ class MemoryMonitor(L.Callback):
             "memory/grads_gb": self._grad_bytes / GB,
             "memory/optimizer_state_gb": state / GB,
         }
+        engine_rss = getattr(getattr(pl_module, "engine", None), "rss_bytes", None)
+        rss = engine_rss() if callable(engine_rss) else None
+        if rss is not None:
+            metrics["memory/engine_rss_gb"] = rss / GB
         self._log(trainer, pl_module, metrics)
 
     # ------------------------------------------------------------- logging

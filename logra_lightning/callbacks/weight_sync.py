@@ -40,6 +40,11 @@ Choices:
    :class:`~logra_lightning.rollout.vllm.server.VLLMServerEngine`) recovers inside the call by sending
    the trainer's current weights, which already hold the step being synced, so no step is lost
    or applied twice. It then has a new ``sync_epoch``: the callback forgets which bases it held.
+7. **Drift check** (``check_drift_every``): after every N-th sync the engine sends back ``drift_entries``
+   entries, drawn at random, of each weight's fp32 copy (for vLLM the shadow its weights are loaded
+   from), and the callback logs the largest ``|engine - trainer|`` among them. It reads the weights
+   themselves, so a bf16 engine's rounding (which ``sync/logprob_abs_diff_*`` mixes with drift) does
+   not hide a sync that went wrong. Under FSDP2 each check gathers the full weights on every rank.
 """
 
 from __future__ import annotations
@@ -110,10 +115,16 @@ class LowRankWeightSync(L.Callback):
             too, so the engine and the trainer hold the same weights (choice 5).
         cache_bases: let the engine keep each basis between refreshes and send only the
             coefficient (choice 4); ``False`` sends both factors every step.
+        check_drift_every: after every this many syncs (full ones included), compare the engine's copy of
+            the weights with the trainer's (choice 7); ``0``: never. Needs an engine with ``weight_drift``
+            (``VLLMEngine``, ``VLLMServerEngine``).
+        drift_entries: entries sampled per weight by each drift check.
 
     Raises:
-        ValueError: ``full_sync_every`` is negative or not an int; an unknown ``wire_dtype``.
-        RuntimeError: the module has no engine at fit start.
+        ValueError: ``full_sync_every``, ``check_drift_every`` or ``drift_entries`` out of range; an unknown
+            ``wire_dtype``.
+        RuntimeError: the module has no engine at fit start, or ``check_drift_every`` is set and the engine
+            cannot report its weights.
         TrainingError: (a ``RuntimeError``) sending to the engine
             failed (the message names the global step; training stops before any
             checkpoint of that step is written).
@@ -137,7 +148,11 @@ class LowRankWeightSync(L.Callback):
         engines that can, e.g. ``VLLMServerEngine``).
         ``sync/logprob_abs_diff_mean``, ``sync/logprob_abs_diff_max``: ``|engine - trainer|``
         logprob of the latest rollout's sampled tokens, when the module sets
-        ``engine_logprob_gap`` (the drift the syncs are meant to keep near zero).
+        ``engine_logprob_gap`` (the drift the syncs are meant to keep near zero, plus any precision gap
+        between the engine and the trainer).
+        ``sync/weight_drift_max``, ``sync/drift_check_seconds``: with ``check_drift_every``, the largest
+        ``|engine - trainer|`` weight entry among those sampled, and the time the check took (not in
+        ``sync/seconds``), on the syncs checked.
 
         The full sync at fit start is logged at that step through ``trainer.loggers``.
     """
@@ -150,9 +165,14 @@ class LowRankWeightSync(L.Callback):
         wire_dtype: str = "float32",
         match_rounding: bool = True,
         cache_bases: bool = True,
+        check_drift_every: int = 0,
+        drift_entries: int = 256,
     ) -> None:
         if full_sync_every is not None and not (isinstance(full_sync_every, int) and full_sync_every >= 0):
             raise ValueError(f"Invalid full_sync_every: {full_sync_every!r} (must be an int >= 0, or None)")
+        for key, value, low in (("check_drift_every", check_drift_every, 0), ("drift_entries", drift_entries, 1)):
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= low):
+                raise ValueError(f"Invalid {key}: {value!r} (must be an int >= {low})")
         if wire_dtype not in _WIRE_DTYPES:
             raise ValueError(f"Invalid wire_dtype: {wire_dtype!r} (allowed: {', '.join(map(repr, _WIRE_DTYPES))})")
         self.full_sync_every = full_sync_every or 0
@@ -161,6 +181,8 @@ class LowRankWeightSync(L.Callback):
         self.wire_dtype = wire_dtype
         self.match_rounding = bool(match_rounding)
         self.cache_bases = bool(cache_bases)
+        self.check_drift_every = check_drift_every
+        self.drift_entries = drift_entries
         # counters (checkpointed)
         self.full_syncs = 0
         self.lowrank_syncs = 0
@@ -203,6 +225,12 @@ class LowRankWeightSync(L.Callback):
                 "(shares_weights=True); there is nothing to sync, so the callback does nothing.",
             )
             return
+        if self.check_drift_every and not hasattr(engine, "weight_drift"):
+            raise RuntimeError(
+                f"LowRankWeightSync(check_drift_every={self.check_drift_every}): {type(engine).__name__} cannot "
+                "report its copy of the weights (no weight_drift method); set check_drift_every: 0, or use "
+                "VLLMEngine or VLLMServerEngine"
+            )
         policy = self._policy(pl_module)
         self._names = {id(p): n for n, p in policy.named_parameters()}
         self._dense_bytes = sum(tensor_nbytes(p) for p in policy.parameters())  # DTensor numel is the global one
@@ -290,7 +318,16 @@ class LowRankWeightSync(L.Callback):
         }
         if hasattr(engine, "recoveries"):
             metrics["sync/engine_recoveries"] = float(engine.recoveries)
+        if self.check_drift_every and (self.full_syncs + self.lowrank_syncs) % self.check_drift_every == 0:
+            metrics.update(self._check_drift(engine, pl_module))
         return metrics
+
+    def _check_drift(self, engine, pl_module: L.LightningModule) -> dict[str, float]:
+        """Choice 7; each check draws other entries (the seed is the sync's number)."""
+        start = time.perf_counter()
+        named = [(n, full(p)) for n, p in self._policy(pl_module).named_parameters()]
+        drift = engine.weight_drift(named, self.drift_entries, seed=self.full_syncs + self.lowrank_syncs)
+        return {"sync/weight_drift_max": drift["max_abs"], "sync/drift_check_seconds": time.perf_counter() - start}
 
     def _send_full(self, engine, pl_module: L.LightningModule) -> int:
         policy = self._policy(pl_module)

@@ -18,6 +18,7 @@ Example (two processes; the second runs ``Channel.connect("10.0.0.1", port, rank
 from __future__ import annotations
 
 import datetime
+import json
 import socket
 
 import torch
@@ -110,6 +111,32 @@ class Channel:
         if tensor.is_cuda:
             torch.cuda.current_stream(tensor.device).synchronize()
         return tensor
+
+    def broadcast_message(
+        self, header: dict | None = None, buffer: torch.Tensor | None = None, src: int = 0, device=None
+    ) -> tuple[dict, torch.Tensor]:
+        """A JSON-able ``header`` and a ``uint8`` ``buffer`` (optional) from rank ``src`` to every rank.
+
+        Rank ``src`` passes them; the others pass neither and get both back (``src`` gets its own).
+        Three broadcasts: the two sizes, the header's bytes, the buffer (skipped when empty).
+        """
+        device = torch.device(device or "cpu")
+        mine = self.rank == src
+        text = json.dumps(header).encode() if mine else b""
+        if mine and buffer is None:
+            buffer = torch.empty(0, dtype=torch.uint8, device=device)
+        sizes = torch.tensor([len(text), buffer.numel() if mine else 0], dtype=torch.int64, device=device)
+        self.broadcast(sizes, src)
+        n_text, n_buffer = (int(v) for v in sizes.tolist())
+        data = torch.empty(n_text, dtype=torch.uint8, device=device)
+        if mine:
+            data.copy_(torch.frombuffer(bytearray(text), dtype=torch.uint8))
+        self.broadcast(data, src)
+        if not mine:
+            buffer = torch.empty(n_buffer, dtype=torch.uint8, device=device)
+        if n_buffer:
+            self.broadcast(buffer, src)
+        return json.loads(data.cpu().numpy().tobytes().decode()), buffer
 
     def close(self) -> None:
         """Drop the group and the store (a rank that left makes the others' next collective fail)."""

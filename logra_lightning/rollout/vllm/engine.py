@@ -64,14 +64,14 @@ from typing import Any
 
 import torch
 
+from logra_lightning.optim.host_memory import ONEDNN_CACHE_CAPACITY
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.options import VLLMOptions, import_vllm, quiet_loggers
 from logra_lightning.rollout.vllm.plugin import BACKEND, check_installed
-from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender, describe_unplaced
+from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender, describe_unplaced, weight_drift
 
 GiB = 1 << 30
-ONEDNN_CACHE_CAPACITY = "64"  # choice 5
 
 
 @contextmanager
@@ -260,6 +260,13 @@ class VLLMEngine:
         items += [(None, d) for name, value in dense for d in self.names.dense(name, value)]
         self._send(iter(items), full=False)
 
+    def weight_drift(self, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0) -> dict:
+        """``max_abs`` ``|engine - trainer|`` over ``count`` sampled entries of each weight's fp32 copy in the
+        engine, for the trainer's ``named`` parameters (HF names):
+        :func:`~logra_lightning.rollout.vllm.sender.weight_drift`."""
+        pieces = (d for name, value in named for d in self.names.dense(name, value))
+        return weight_drift(self.sender, pieces, count, seed)
+
     def init_transfer(self, expected: list[tuple[str, tuple[int, ...]]] | None = None) -> dict:
         """(Re)initialize the weight transfer with the workers; returns their report (``"unplaced"``: the
         ``expected`` checkpoint names and shapes vLLM would not load). A full sync must follow before
@@ -287,6 +294,22 @@ class VLLMEngine:
         self._shadow_stale = self._shadow_stale and not full
         self.llm.reset_prefix_cache()
         self.last_sync = {"bytes": float(sent), "seconds": time.perf_counter() - t0}
+
+    def rss_bytes(self) -> int | None:
+        """Resident memory of the engine's processes (the engine core and its workers, summed); ``None`` if vLLM
+        runs no separate process or its processes cannot be read."""
+        import psutil
+
+        core = getattr(getattr(self, "llm", None), "llm_engine", None)
+        manager = getattr(getattr(getattr(core, "engine_core", None), "resources", None), "engine_manager", None)
+        total = None
+        for proc in getattr(manager, "processes", None) or ():
+            try:
+                root = psutil.Process(proc.pid)
+                total = (total or 0) + sum(p.memory_info().rss for p in (root, *root.children(recursive=True)))
+            except psutil.Error:
+                continue
+        return total
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

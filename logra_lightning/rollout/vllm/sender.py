@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from logra_lightning.sync.channel import Channel
-from logra_lightning.sync.frames import Item, chunks, encode
+from logra_lightning.sync.frames import FORMAT, Item, chunks, decode, encode
 
 
 def describe_unplaced(report: dict) -> str:
@@ -173,10 +172,7 @@ class LowRankSender:
         }
 
         def receive_report() -> dict:
-            channel.join()
-            length = channel.broadcast(torch.zeros(1, dtype=torch.int64, device=self.device), src=1)
-            data = channel.broadcast(torch.zeros(int(length.item()), dtype=torch.uint8, device=self.device), src=1)
-            return json.loads(bytes(data.cpu().tolist()).decode())
+            return channel.join().broadcast_message(src=1, device=self.device)[0]
 
         box: dict = {}
         try:
@@ -225,7 +221,64 @@ class LowRankSender:
             raise
         return sent
 
+    def probe(self, names: list[str], count: int = 256, seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """Sampled entries of the engine's fp32 copy of the named weights (checkpoint names), in a session of its own.
+
+        Returns ``(name, flat indices, fp32 values)`` per weight the first worker holds in fp32
+        (:meth:`~logra_lightning.rollout.vllm.worker.LowRankApplier.sample`); nothing is applied and the
+        engine's weight version does not change.
+
+        Raises:
+            RuntimeError: the transfer is not initialized.
+            TransferError: the engine failed the request; the channel is closed unless ``channel_ok``.
+        """
+        if self.channel is None:
+            raise RuntimeError("LowRankSender.probe before init() (or after a failed sync: init() again)")
+        channel, box = self.channel, {}
+        request = {"format": FORMAT, "updates": [], "dense": [], "tensors": [], "nbytes": 0}
+        request["probe"] = {"names": list(names), "count": int(count), "seed": int(seed)}
+        try:
+            self.client.start_weight_update()
+            together(
+                lambda: self.client.update_weights(request),
+                lambda: box.setdefault("reply", channel.broadcast_message(src=1, device=self.device)),
+                self.timeout_s,
+            )
+            self.client.finish_weight_update(None)
+        except TransferError as e:
+            if not e.channel_ok:
+                self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
+        _, pairs = decode(*box["reply"])
+        values = dict(pairs)
+        return [(n, values[f"{n}#index"], values[n]) for n, _ in pairs if not n.endswith("#index")]
+
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
         self.channel = None
+
+
+def weight_drift(
+    sender: LowRankSender, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0
+) -> dict[str, float]:
+    """How far the engine's copy of the weights is from ``named`` (checkpoint names, the trainer's current values).
+
+    Returns ``max_abs``: the largest ``|engine - trainer|`` over ``count`` entries drawn from each weight of
+    the engine's fp32 copy (:meth:`LowRankSender.probe`; NaN if either side holds one), and how many
+    ``entries`` and ``weights`` were compared; weights the engine keeps in no fp32 copy are not compared.
+    """
+    mine = dict(named)
+    diffs = [
+        values - mine[name].detach().reshape(-1)[idx.to(mine[name].device)].float().cpu()
+        for name, idx, values in sender.probe(list(mine), count, seed)
+    ]
+    flat = torch.cat(diffs) if diffs else torch.zeros(0)
+    return {
+        "max_abs": float(flat.abs().max()) if flat.numel() else 0.0,
+        "entries": float(flat.numel()),
+        "weights": float(len(diffs)),
+    }

@@ -20,6 +20,10 @@ vLLM (0.16+) has a pluggable API for RL weight updates: a backend registered by 
   and applies it: full values, updates with their basis, or coefficients alone (each worker keeps
   every basis); fp32 or bf16 factors.
 * **finish**: reloads the modules whose shadow changed and re-packs their dependents.
+* **probe** (a ``LowRankUpdateInfo`` with ``probe`` set, in a session of its own): the first worker
+  sends back sampled entries of its fp32 copy of the named weights
+  (:meth:`~logra_lightning.rollout.vllm.worker.LowRankApplier.sample`), so the trainer can measure
+  how far the engine's copy has drifted from its own weights.
 
 The trainer side is :class:`~logra_lightning.rollout.vllm.sender.LowRankSender`. This module
 imports vLLM: only vLLM's factory imports it, inside vLLM processes.
@@ -27,7 +31,6 @@ imports vLLM: only vLLM's factory imports it, inside vLLM processes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +44,7 @@ from vllm.distributed.weight_transfer.base import (
 from logra_lightning.optim.host_memory import trim
 from logra_lightning.rollout.vllm.worker import LowRankApplier
 from logra_lightning.sync.channel import Channel
-from logra_lightning.sync.frames import decode
+from logra_lightning.sync.frames import decode, encode
 
 
 @dataclass
@@ -66,13 +69,18 @@ class LowRankInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class LowRankUpdateInfo(WeightTransferUpdateInfo):
-    """One message's header (:func:`~logra_lightning.sync.frames.encode`); its bytes come by broadcast."""
+    """One message's header (:func:`~logra_lightning.sync.frames.encode`); its bytes come by broadcast.
+
+    ``probe`` (``{"names", "count", "seed"}``) turns it into a request: nothing is applied, and the
+    first worker broadcasts sampled entries of those weights back to the trainer.
+    """
 
     format: str
     updates: list
     dense: list
     tensors: list
     nbytes: int
+    probe: dict | None = None
 
     def header(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("format", "updates", "dense", "tensors", "nbytes")}
@@ -98,6 +106,7 @@ class LowRankTransferEngine(WeightTransferEngine[LowRankInitInfo, LowRankUpdateI
         super().__init__(config, vllm_config, device, model)
         self.channel: Channel | None = None
         self.applier: LowRankApplier | None = None
+        self.src = 1  # the first worker's rank in the channel: the one that answers
 
     def init_transfer_engine(self, init_info: LowRankInitInfo) -> None:
         """Build the applier, join the trainer's group, send it this worker's report (first worker only)."""
@@ -113,13 +122,8 @@ class LowRankTransferEngine(WeightTransferEngine[LowRankInitInfo, LowRankUpdateI
             init_info.timeout_s,
         ).join()
         device = self.device if init_info.backend == "nccl" else torch.device("cpu")
-        src = init_info.rank_offset
-        report = json.dumps({**applier.report, "worker_rank": rank}).encode() if rank == src else b""
-        length = channel.broadcast(torch.tensor([len(report)], dtype=torch.int64, device=device), src=src)
-        data = torch.zeros(int(length.item()), dtype=torch.uint8, device=device)
-        if rank == src:
-            data.copy_(torch.frombuffer(bytearray(report), dtype=torch.uint8))
-        channel.broadcast(data, src=src)
+        self.src = init_info.rank_offset
+        channel.broadcast_message({**applier.report, "worker_rank": rank}, src=self.src, device=device)
         self.channel, self.applier = channel, applier
 
     def _ready(self) -> tuple[Channel, LowRankApplier]:
@@ -134,8 +138,13 @@ class LowRankTransferEngine(WeightTransferEngine[LowRankInitInfo, LowRankUpdateI
         self._ready()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
-        """Receive one message and apply it (the base class's accelerator sync is skipped on CPU workers)."""
-        self.receive_weights(self.parse_update_info(update_info))
+        """Receive one message and apply it, or answer a probe (the base class's accelerator sync is skipped on CPU
+        workers)."""
+        info = self.parse_update_info(update_info)
+        if info.probe is not None:
+            self._answer_probe(info.probe)
+            return
+        self.receive_weights(info)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -146,6 +155,18 @@ class LowRankTransferEngine(WeightTransferEngine[LowRankInitInfo, LowRankUpdateI
         channel.broadcast(buffer, src=0)  # before any check: the trainer is sending it now
         updates, dense = decode(update_info.header(), buffer)
         applier.apply(updates, dense)
+
+    def _answer_probe(self, probe: dict[str, Any]) -> None:
+        """The first worker sends ``(name#index, name)`` pairs of sampled entries; every worker joins the broadcast."""
+        channel, applier = self._ready()
+        device = self.device if channel.backend == "nccl" else torch.device("cpu")
+        if channel.rank != self.src:
+            channel.broadcast_message(src=self.src, device=device)
+            return
+        samples = applier.sample(probe["names"], int(probe["count"]), int(probe["seed"]))
+        pairs = [t for name, idx, values in samples for t in ((f"{name}#index", idx), (name, values))]
+        header, buffer = encode((), pairs, device)
+        channel.broadcast_message(header, buffer, src=self.src, device=device)
 
     def finish_weight_update(self) -> None:
         self._ready()[1].commit()

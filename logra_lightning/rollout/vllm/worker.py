@@ -413,3 +413,33 @@ class LowRankApplier:
                 module.quant_method.process_weights_after_loading(module)
             st.stale.clear()
         return count
+
+    # ------------------------------------------------------------------ drift
+    def _full_precision_copy(self, name: str) -> torch.Tensor | None:
+        """The worker's fp32 copy of HF tensor ``name``: its shadow, or the vLLM parameter the in-place path writes
+        whole (one target of the HF shape, fp32); ``None`` where a fused, sliced or padded layout hides it."""
+        st = self.state
+        if name in st.shadow:
+            return st.shadow[name]
+        targets = st.targets.get(name, ())
+        if len(targets) != 1:
+            return None
+        module, attr = targets[0]
+        p = getattr(self.model.get_submodule(module), attr)
+        return p.data if p.dtype in _FULL and tuple(p.shape) == st.shapes.get(name) else None
+
+    @torch.no_grad()
+    def sample(self, names: Iterable[str], count: int, seed: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """``(name, flat indices [k], fp32 values [k])``: ``k = min(count, numel)`` entries drawn with ``seed`` of
+        each named weight's fp32 copy (the shadow the engine's weights are loaded from); names without one are left
+        out. What the trainer compares its own weights with (:meth:`LowRankSender.probe`)."""
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for name in names:
+            copy = self._full_precision_copy(name)
+            if copy is None:
+                continue
+            flat = copy.reshape(-1)
+            idx = torch.randint(flat.numel(), (min(count, flat.numel()),), generator=gen)
+            out.append((name, idx, flat[idx].float().cpu()))
+        return out
