@@ -61,6 +61,7 @@ MODULES = (
     "server_engine",
     "real_model_tasks",
     "step_speed",
+    "long_real_run",
 )
 ENVELOPE = ("command", "machine", "load_start", "load_end", "wall_seconds")
 # Flags several benchmarks take, spelled once: a benchmark names those it takes in ``flags``, with their defaults.

@@ -1,0 +1,121 @@
+"""A resumed run's curves: its sittings' TensorBoard logs read into one curve per tag, and the math on them.
+
+A run resumed with ``logra fit --config C --ckpt_path last`` logs each sitting to a new ``version_N`` under
+``<save_dir>/<name>/``; the step axis continues, and a sitting killed between checkpoints has logged steps the
+next one repeats (docs/long_run.md). :func:`read_run` reads the versions in numeric order and :func:`stitch`
+joins them, each later sitting winning from its first step. Used by ``benchmarks/long_real_run.py``.
+
+Example::
+
+    >>> curves, sittings = stitch([(0, {"reward/mean": [[0, 0.1], [1, 0.2], [2, 0.3]]}),
+    ...                            (1, {"reward/mean": [[2, 0.5], [3, 0.6]]})])
+    >>> curves["reward/mean"], sittings[1]["resumed_from_step"]
+    ([[0, 0.1], [1, 0.2], [2, 0.5], [3, 0.6]], 2)
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+from benchmarks.common import tb_scalars
+
+PHASES = ("rollout", "forward_backward", "optimizer", "weight_sync")  # MemoryMonitor's phases of an RL step
+
+
+def read_run(run_dir: Path, tags: list[str] | None = None) -> tuple[dict[str, list], list[dict]]:
+    """The scalars ``tags`` (``None``: all) of the run's ``version_*`` directories, in numeric order, stitched."""
+    found = [(int(m[1]), p) for p in run_dir.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    return stitch([(v, tb_scalars(p, tags)) for v, p in sorted(found)])
+
+
+def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], list[dict]]:
+    """One curve per tag from the sittings' ``(version, {tag: [[step, value], ...]})`` in order, each later sitting
+    winning from its first step; and the sittings. A step logged twice in one sitting keeps its later value."""
+    curves: dict[str, list] = {}
+    sittings: list[dict] = []
+    for version, scalars in logs:
+        scalars = {t: pts for t, pts in scalars.items() if pts and t != "hp_metric"}  # hp_metric: step 0 every sitting
+        steps = [int(s) for pts in scalars.values() for s, _ in pts]
+        if not steps:
+            sittings.append({"version": version, "first_step": None, "last_step": None, "resumed_from_step": None})
+            continue
+        first, resumed = min(steps), any(s["first_step"] is not None for s in sittings)
+        for tag in {*curves, *scalars}:
+            own = {int(s): v for s, v in scalars.get(tag, [])}
+            curves[tag] = [p for p in curves.get(tag, []) if p[0] < first] + [[s, v] for s, v in sorted(own.items())]
+        sittings.append(
+            {
+                "version": version,
+                "first_step": first,
+                "last_step": max(steps),
+                "resumed_from_step": first if resumed else None,
+            }
+        )
+    return {t: c for t, c in curves.items() if c}, sittings
+
+
+def steps_reached(curves: dict[str, list]) -> int:
+    """Training steps done: a step's metrics are logged at the number of steps before it (docs/long_run.md)."""
+    return 1 + curves["perf/step_seconds"][-1][0] if curves.get("perf/step_seconds") else 0
+
+
+def by_sitting(points: list, sittings: list[dict], from_step: float) -> list[list]:
+    """``points`` at steps >= ``from_step``, grouped by the sitting that logged them."""
+    starts = [s["first_step"] for s in sittings if s["first_step"] is not None]
+    groups: dict[int, list] = {}
+    for step, value in points:
+        if step >= from_step:
+            groups.setdefault(sum(start <= step for start in starts), []).append((step, value))
+    return [groups[k] for k in sorted(groups)]
+
+
+def slope_per_100(groups: list[list[tuple[float, float]]], scale: float = 1000.0) -> float | None:
+    """Least-squares slope of ``(step, value)`` points with one intercept per group, times ``scale`` (GB -> MB) per
+    100 steps; ``None`` with no spread of steps within a group.
+
+    >>> round(slope_per_100([[(0, 1.000), (100, 1.001)], [(200, 0.900), (300, 0.901)]]), 6)  # 1 MB/100 in each
+    1.0
+    """
+    num = den = 0.0
+    for g in groups:
+        mx, my = sum(x for x, _ in g) / len(g), sum(y for _, y in g) / len(g)
+        num += sum((x - mx) * (y - my) for x, y in g)
+        den += sum((x - mx) ** 2 for x, _ in g)
+    return None if den == 0 else 100 * scale * num / den
+
+
+def kl_within_2x(realized: list[float], target: float) -> tuple[float | None, float | None]:
+    """The share of measured steps with ``target / 2 <= realized <= 2 * target``, and the realized KL's median."""
+    if not realized:
+        return None, None
+    inside = sum(target / 2 <= v <= 2 * target for v in realized)
+    return inside / len(realized), statistics.median(realized)
+
+
+def rises(counter: list) -> list[int]:
+    """The steps at which a cumulative counter rose, once per unit; a fall is a counter that started over."""
+    out, prev = [], 0.0
+    for step, value in counter:
+        out += [int(step)] * round(value - prev if value >= prev else value)
+        prev = value
+    return out
+
+
+def step_peaks(curves: dict[str, list]) -> dict[int, float]:
+    """``{step: GB}``: the largest ``memory/<phase>/peak_gb`` of each step's phases (the trainer's peak RSS)."""
+    peaks: dict[int, float] = {}
+    for phase in PHASES:
+        for step, gb in curves.get(f"memory/{phase}/peak_gb", []):
+            peaks[step] = max(peaks.get(step, 0.0), gb)
+    return peaks
+
+
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the up to ``window - 1`` before it.
+
+    >>> moving_mean([1.0, 3.0, 5.0, 7.0], 2)
+    [1.0, 2.0, 4.0, 6.0]
+    """
+    return [statistics.fmean(values[max(0, j - window + 1) : j + 1]) for j in range(len(values))]
