@@ -83,14 +83,13 @@ ROWS = {
     "logra_seed1": Run("smollm2_long.yaml", 300, ("--seed_everything", "1"), "smollm2_long_seed1"),
 }
 TRAINER_RSS, ENGINE_RSS, DRIFT = "memory/forward_backward/current_gb", "memory/engine_rss_gb", "sync/weight_drift_max"
-TAGS = (
-    *("val/accuracy", "reward/mean", "reward/accuracy", "policy/entropy", "health/skipped_steps"),
-    *("kl/realized", "kl/predicted", "kl/step_scale", "kl/calibration", "kl/control_seconds"),
-    *("sync/logprob_abs_diff_mean", "sync/seconds", DRIFT, ENGINE_RSS, "memory/optimizer_state_gb"),
-    *(f"memory/{p}/{k}_gb" for p in PHASES for k in ("current", "peak")),
-    *("perf/step_seconds", "perf/time/rollout", "perf/time/forward_backward", "perf/time/optimizer", "perf/mfu"),
-    "health/skipped_batches",
+STEP_PEAK = "memory/step_peak_gb"  # derived: a step's largest memory/<phase>/peak_gb (run_curves.step_peaks)
+TAGS = (  # kept per step in the results (what the checks and the figure read)
+    *("val/accuracy", "reward/mean", "policy/entropy", "health/skipped_steps", "health/skipped_batches"),
+    *("kl/realized", "kl/step_scale", "sync/logprob_abs_diff_mean", DRIFT, TRAINER_RSS, ENGINE_RSS),
+    "perf/step_seconds",
 )
+READ = (*TAGS, *(f"memory/{p}/peak_gb" for p in PHASES))  # read from the event files
 STATUSES = ("pass", "fail", "not measured")
 TARGETS = {  # issue 41's "Done when", on LoGRA's run: check -> (op, bound)
     "logra_steps": (">=", 1100),
@@ -139,7 +138,11 @@ def row_metrics(curves: dict[str, list], sittings: list[dict], target_kl: float,
         "training_memory_bytes": round(max(peaks.values()) * 1e9 - baseline)
         if peaks and baseline is not None
         else None,
-        "series": {t: [[s, float(f"{v:.4g}")] for s, v in curves[t]] for t in TAGS if t in curves},
+        "series": {
+            t: [[s, float(f"{v:.4g}")] for s, v in series]
+            for t, series in ({**curves, STEP_PEAK: sorted(peaks.items())}).items()
+            if t in (*TAGS, STEP_PEAK) and series
+        },
     }
 
 
@@ -156,7 +159,7 @@ def done_when(rows: dict[str, dict], s: dict) -> list[dict]:
     acc = [{st: v for st, v in r.get("series", {}).get("val/accuracy", []) if st > 0} for r in (lo, ad)]
     common = sorted(acc[0].keys() & acc[1].keys())
     bests, gain = (lo.get("accuracy_best"), ad.get("accuracy_best")), lo.get("accuracy_gain")
-    base, mem = s.get("rss_before_model_bytes"), [step_peaks(r.get("series", {})) for r in (lo, ad)]
+    base, mem = s.get("rss_before_model_bytes"), [dict(r.get("series", {}).get(STEP_PEAK, [])) for r in (lo, ad)]
     shared = sorted(mem[0].keys() & mem[1].keys()) if base is not None else []
     slope = "RSS slope over the second half of the steps, MB / 100 steps"
     found = {  # name: (what LoGRA's run gives, its value)
@@ -220,7 +223,7 @@ def write_example_logs(work: Path) -> None:
         for version, steps in ((0, range(12)), (1, range(8, 20))):
             with SummaryWriter(work / run_name(run) / f"version_{version}") as w:
                 for s in steps:
-                    for tag in TAGS:
+                    for tag in READ:
                         if tag not in (DRIFT, ENGINE_RSS) or version:  # the new tags: later sittings only
                             w.add_scalar(tag, 0.0 if "skipped" in tag else 1.0 + 0.01 * s + 0.1 * i + 0.05 * version, s)
                     w.add_scalar("kl/realized", 3e-4 * (1 + 0.1 * (s % 3)), s)
@@ -300,7 +303,7 @@ class LongRealRun(Benchmark):
         """Row ``name``: its run continued up to its steps (unless ``report_only``), then read."""
         spec, error = settings["rows"][name], None
         run_dir = work / spec["run"]
-        if not settings["report_only"] and steps_reached(read_run(run_dir, list(TAGS))[0]) < spec["steps"]:
+        if not settings["report_only"] and steps_reached(read_run(run_dir, list(READ))[0]) < spec["steps"]:
             cmd = fit_command(ROWS[name], work, spec["steps"])
             log = run_dir / f"fit_{time.strftime('%Y%m%d_%H%M%S')}.log"
             env = {
@@ -311,7 +314,7 @@ class LongRealRun(Benchmark):
             rc = run_logged(cmd, log, env=env)["rc"]
             spec.setdefault("commands", []).append(" ".join(cmd[1:]))
             error = None if rc == 0 else f"logra fit exited {rc} (log: {log})"
-        curves, sittings = read_run(run_dir, list(TAGS))
+        curves, sittings = read_run(run_dir, list(READ))
         if not curves:
             error = error or f"no event files in {run_dir}/version_*"
             return {"name": name, "ok": False, "error": error, "metrics": {}}

@@ -80,7 +80,7 @@ def test_skipped_steps_count_rises_of_the_cumulative_counter_and_a_restarted_cou
 
 
 def _logra_metrics(**over) -> dict:
-    series = {"val/accuracy": [[0, 0.04], [49, 0.10]], "memory/forward_backward/peak_gb": [[0, 2.0], [1, 2.1]]}
+    series = {"val/accuracy": [[0, 0.04], [49, 0.10]], lrr.STEP_PEAK: [[0, 2.0], [1, 2.1]]}
     base = dict(steps_reached=50, skipped_fraction=0.0, weight_drift_max=None, weight_drift_steps=0, kl_measured=10)
     base |= dict(trainer_rss_slope_mb_per_100=0.5, engine_rss_slope_mb_per_100=None, kl_within_2x_share=0.9)
     base |= dict(kl_target=3e-4, accuracy_best=0.10, accuracy_gain=0.06, series=series)
@@ -106,7 +106,7 @@ def test_checks_against_adamw_compare_common_evaluations_and_memory_per_step() -
     adamw = _logra_metrics(accuracy_best=0.13)
     adamw["series"] = {
         "val/accuracy": [[0, 0.05], [49, 0.13], [99, 0.2]],
-        "memory/rollout/peak_gb": [[0, 3.5], [1, 3.0]],
+        lrr.STEP_PEAK: [[0, 3.5], [1, 3.0]],
     }
     rows = {"logra": _logra_metrics(), "adamw": adamw}
     s = {"targets": lrr.TARGETS, "rss_before_model_bytes": int(0.5e9)}
