@@ -243,7 +243,7 @@ def fit_against(url: str, tmp_path, max_steps: int, callbacks=(), **module_kwarg
         torch_threads=1,
         **module_kwargs,
     )
-    sync = LowRankWeightSync()
+    sync = LowRankWeightSync(check_drift_every=1)  # the server's copy of the weights read back after each sync
     record = Record()
     trainer = L.Trainer(
         max_steps=max_steps,
@@ -270,6 +270,9 @@ def test_one_step_off_policy_trains_on_the_previous_weights_with_tis(server, tmp
     assert record.tis[0] == pytest.approx(1.0, abs=1e-4)  # same weights: ratio 1
     assert all(abs(t - 1.0) > 1e-6 for t in record.tis[1:]), record.tis  # one step apart: the ratio is not 1
     assert module._rollouts == 6  # one batch more was sampled ahead than trained on
+    # the server's fp32 copy after the last sync: 6 syncs, each at most two roundings a side of the largest entry
+    bound = 6 * 4 * torch.finfo(torch.float32).eps * max(float(p.detach().abs().max()) for p in module.parameters())
+    assert trainer.callback_metrics["sync/weight_drift_max"] <= bound
 
 
 @pytest.mark.slow
