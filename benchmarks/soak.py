@@ -49,6 +49,7 @@ from lightning.pytorch.callbacks import Callback
 from benchmarks.common import CONFIGS, ROOT, WORK_DIR, config_callbacks, config_defaults
 from benchmarks.harness import Benchmark, bench, main
 from benchmarks.report import load_text, met, num, rows_table
+from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 
 MB = 1 << 20
 TARGETS = {"rss_slope_mb_per_100_max": 1.0, "max_drift_max": 1e-4, "skipped_max": 0}
@@ -215,7 +216,7 @@ class Soak(Benchmark):
             **config_defaults(args.config),
             "steps": args.steps,
             "checkpoint_every": CHECKPOINT_EVERY,
-            "env": {k: os.environ.get(k) for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "VLLM_CPU_KVCACHE_SPACE")},
+            "env": {k: os.environ.get(k) for k in (*CPU_KERNEL_CACHES, "VLLM_CPU_KVCACHE_SPACE")},
             "targets": TARGETS,
         }
 

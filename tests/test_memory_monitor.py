@@ -145,11 +145,12 @@ def test_engine_memory_is_logged_when_the_engine_reports_it(tmp_path):
     assert fit(tmp_path, module)["memory/engine_rss_gb"] == [3.0, 3.0, 3.0]
 
 
-def test_onednn_cache_is_bounded_unless_the_user_set_it(monkeypatch):
+def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    assert bound_onednn_cache() and os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
-    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
-    assert not bound_onednn_cache() and os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "8")
+    assert bound_onednn_cache() == ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64" and os.environ["LRU_CACHE_CAPACITY"] == "8"
+    assert bound_onednn_cache() == []
 
 
 def test_refuses_trainer_without_logger():

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from logra_lightning.callbacks.weight_sync import LowRankWeightSync
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 from logra_lightning.optim import LoGRA
+from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 from logra_lightning.rollout import HFEngine, LowRankUpdate, SamplingConfig
 from logra_lightning.rollout.vllm.engine import VLLMEngineSpec, import_vllm
 from logra_lightning.rollout.vllm.worker import add_through_loader_, trace_targets
@@ -227,7 +228,7 @@ def test_engine_environment_reaches_its_processes_only(engine_env):
     """
     import psutil
 
-    wanted = {"VLLM_LOGGING_LEVEL": "WARNING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    wanted = {"VLLM_LOGGING_LEVEL": "WARNING", **CPU_KERNEL_CACHES}
     before, after = engine_env.environ_before, engine_env.environ_after
     assert {k: after.get(k) for k in wanted} == {k: before.get(k) for k in wanted}
     wanted = {k: before.get(k, v) for k, v in wanted.items()}

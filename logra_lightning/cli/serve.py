@@ -30,11 +30,12 @@ import os
 import shlex
 import sys
 
+from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 from logra_lightning.rollout.vllm.plugin import BACKEND
 
 ENV = {"VLLM_SERVER_DEV_MODE": "1"}
-# CPU: a 1 GiB KV cache; oneDNN's kernel cache bounded as in the in-process engine (rollout/vllm/engine.py, 5)
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+# CPU: a 1 GiB KV cache; the kernel caches bounded as in the in-process engine (rollout/vllm/engine.py, 5)
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", **CPU_KERNEL_CACHES}
 
 
 def _has_flag(args: list[str], flag: str) -> bool:

@@ -34,8 +34,9 @@ Choices:
    matmul per batch-token count and weight shape and keeps it in oneDNN's process-wide cache
    (1,024 entries by default, ~0.45 MB each); RL batches of ever new sizes grew the engine by 365 MB
    over 300 steps of the demo, still growing (``benchmarks/soak.py``). The engine
-   processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` (unless it is set), generation as
-   fast within the noise. After each sync the worker hands its freed heap pages back to the OS
+   processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` and ``LRU_CACHE_CAPACITY=64`` (PyTorch's own
+   primitive cache in front of oneDNN's; unless set: :data:`~logra_lightning.optim.host_memory.CPU_KERNEL_CACHES`),
+   generation as fast within the noise. After each sync the worker hands its freed heap pages back to the OS
    (``malloc_trim``, :mod:`~logra_lightning.optim.host_memory`), so what glibc keeps of the sync's
    buffers does not add up over a long run.
 6. **Environment for vLLM's processes, only while they start.** ``VLLM_LOGGING_LEVEL=WARNING``
@@ -64,7 +65,7 @@ from typing import Any
 
 import torch
 
-from logra_lightning.optim.host_memory import ONEDNN_CACHE_CAPACITY
+from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.options import VLLMOptions, import_vllm, quiet_loggers
@@ -160,7 +161,7 @@ class VLLMEngine:
         overrides = {} if opts.cpu_threads_bind is None else {"VLLM_CPU_OMP_THREADS_BIND": opts.cpu_threads_bind}
         defaults = {"VLLM_LOGGING_LEVEL": "WARNING"}
         if current_platform.is_cpu():
-            defaults["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = ONEDNN_CACHE_CAPACITY
+            defaults.update(CPU_KERNEL_CACHES)
         try:
             # quiet: its chat-template warm-up needs the tokenizer we skip
             with quiet_loggers("vllm.renderers.base"), _environment(overrides, defaults):
