@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -198,11 +199,8 @@ class LowRankSender:
             TransferError: the engine refused or failed the update (its message). Unless
                 ``channel_ok``, the channel is closed and :meth:`init` must run again.
         """
-        if self.channel is None:
-            raise RuntimeError("LowRankSender.send before init() (or after a failed sync: init() again)")
-        channel, sent = self.channel, 0
-        try:
-            self.client.start_weight_update()
+        sent = 0
+        with self._session("send", version) as channel:
             for ups, dense in chunks(items, self.chunk_bytes):
                 header, buffer = encode(ups, dense, self.device)
                 together(
@@ -211,14 +209,6 @@ class LowRankSender:
                     self.timeout_s,
                 )
                 sent += header["nbytes"]
-            self.client.finish_weight_update(version)
-        except TransferError as e:
-            if not e.channel_ok:
-                self.close()
-            raise
-        except BaseException:
-            self.close()
-            raise
         return sent
 
     def probe(self, names: list[str], count: int = 256, seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -232,19 +222,29 @@ class LowRankSender:
             RuntimeError: the transfer is not initialized.
             TransferError: the engine failed the request; the channel is closed unless ``channel_ok``.
         """
-        if self.channel is None:
-            raise RuntimeError("LowRankSender.probe before init() (or after a failed sync: init() again)")
-        channel, box = self.channel, {}
         request = {"format": FORMAT, "updates": [], "dense": [], "tensors": [], "nbytes": 0}
         request["probe"] = {"names": list(names), "count": int(count), "seed": int(seed)}
-        try:
-            self.client.start_weight_update()
+        box: dict = {}
+        with self._session("probe") as channel:
             together(
                 lambda: self.client.update_weights(request),
                 lambda: box.setdefault("reply", channel.broadcast_message(src=1, device=self.device)),
                 self.timeout_s,
             )
-            self.client.finish_weight_update(None)
+        _, pairs = decode(*box["reply"])
+        values = dict(pairs)
+        return [(n, values[f"{n}#index"], values[n]) for n, _ in pairs if not n.endswith("#index")]
+
+    @contextmanager
+    def _session(self, what: str, version: str | None = None) -> Iterator[Channel]:
+        """``start_weight_update`` -> the body -> ``finish_weight_update(version)``; a failure closes the channel
+        unless this side's collective completed (``TransferError.channel_ok``)."""
+        if self.channel is None:
+            raise RuntimeError(f"LowRankSender.{what} before init() (or after a failed sync: init() again)")
+        try:
+            self.client.start_weight_update()
+            yield self.channel
+            self.client.finish_weight_update(version)
         except TransferError as e:
             if not e.channel_ok:
                 self.close()
@@ -252,9 +252,6 @@ class LowRankSender:
         except BaseException:
             self.close()
             raise
-        _, pairs = decode(*box["reply"])
-        values = dict(pairs)
-        return [(n, values[f"{n}#index"], values[n]) for n, _ in pairs if not n.endswith("#index")]
 
     def close(self) -> None:
         if self.channel is not None:
