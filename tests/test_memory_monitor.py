@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from logra_lightning.callbacks.memory import GB, MemoryMonitor
 from logra_lightning.optim import LoGRA, logra_param_groups, optimizer_state_bytes
-from logra_lightning.optim.host_memory import bound_onednn_cache, trim
+from logra_lightning.optim.host_memory import bound_kernel_caches, trim
 from logra_lightning.rl.phases import announce_phase
 
 torch.set_num_threads(1)
@@ -148,9 +148,9 @@ def test_engine_memory_is_logged_when_the_engine_reports_it(tmp_path):
 def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "8")
-    assert bound_onednn_cache() == ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
+    assert bound_kernel_caches() == ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64" and os.environ["LRU_CACHE_CAPACITY"] == "8"
-    assert bound_onednn_cache() == []
+    assert bound_kernel_caches() == []
 
 
 def test_refuses_trainer_without_logger():

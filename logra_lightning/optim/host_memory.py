@@ -21,10 +21,11 @@ The CPU's bf16 matmuls (under autocast) keep every matmul primitive they build, 
 process-wide caches of 1,024 entries by default (oneDNN's, and PyTorch's ideep layer's in front of it), each entry
 holding buffers about the size of its weight. Packed RL micro-batches have a new token count almost every time,
 so the caches never hit and only grow: SmolLM2-135M's trainer gained ~4.7 MB of RSS per step over its first 200
-steps of the long run (bf16-mixed), and ~2.5 MB per step with oneDNN's cache alone capped. A microbenchmark (three
-bf16 linears of SmolLM2's widths, forward and backward, 300 steps with token counts drawn from 800 values):
+steps of the long run (bf16-mixed), ~0.67 MB per step over the next 150 with oneDNN's cache alone capped, and
+nothing with both capped. A microbenchmark (three bf16 linears of SmolLM2's widths, forward and backward, 300
+steps with token counts drawn from 800 values):
 1,263 MB of RSS uncapped, 602 MB with oneDNN's cache at 64, 318 MB with both, 260 MB with one token count.
-:func:`bound_onednn_cache` caps both at 64 (the vLLM engine's processes too:
+:func:`bound_kernel_caches` caps both at 64 (the vLLM engine's processes too:
 :mod:`logra_lightning.rollout.vllm.engine` choice 5); they take effect only before the process's first primitive,
 so :class:`~logra_lightning.rl.PolicyGradientModule` calls it when built.
 
@@ -126,7 +127,7 @@ def reset_peak_rss() -> None:
 CPU_KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 
-def bound_onednn_cache() -> list[str]:
+def bound_kernel_caches() -> list[str]:
     """Cap the CPU matmul-primitive caches (:data:`CPU_KERNEL_CACHES`), each unless set; returns those it set.
 
     Each is read once, at the process's first primitive: call it before any bf16 matmul on CPU. Processes

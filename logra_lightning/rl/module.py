@@ -79,7 +79,7 @@ from logra_lightning.models import load_policy, load_tokenizer
 from logra_lightning.models.fsdp import decoder_layers
 from logra_lightning.models.lora import LoRA
 from logra_lightning.optim.clipping import clip_grad_norm_
-from logra_lightning.optim.host_memory import bound_onednn_cache
+from logra_lightning.optim.host_memory import bound_kernel_caches
 from logra_lightning.optim.strategy_check import check_strategy_supported
 from logra_lightning.rewards import as_reward
 from logra_lightning.rl.evaluation import HeldOutEvaluation
@@ -215,7 +215,7 @@ class PolicyGradientModule(HeldOutEvaluation, PolicyPasses, EngineSampling, Step
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
         check_module_args(self.hparams)
-        bound_onednn_cache()  # before the first bf16 matmul: packed micro-batches would grow its cache every step
+        bound_kernel_caches()  # before the first bf16 matmul: packed micro-batches would grow them every step
         self.adapter = adapter
         if adapter is not None:  # as plain values: checkpoints load with weights_only=True, and a resume re-parses it
             self.hparams["adapter"] = adapter.hparams()

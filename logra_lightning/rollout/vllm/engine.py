@@ -70,7 +70,7 @@ from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, Sam
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.options import VLLMOptions, import_vllm, quiet_loggers
 from logra_lightning.rollout.vllm.plugin import BACKEND, check_installed
-from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender, describe_unplaced, weight_drift
+from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender, ReadsBackWeights, describe_unplaced
 
 GiB = 1 << 30
 
@@ -92,7 +92,7 @@ def _environment(overrides: dict[str, str], defaults: dict[str, str]) -> Iterato
                 os.environ[k] = v
 
 
-class VLLMEngine:
+class VLLMEngine(ReadsBackWeights):
     """Sample with ``vllm.LLM``; accept full or low-rank weight updates from the trainer.
 
     Args:
@@ -260,13 +260,6 @@ class VLLMEngine:
         items = [(v, None) for u in updates for v in self.names.update(u)]
         items += [(None, d) for name, value in dense for d in self.names.dense(name, value)]
         self._send(iter(items), full=False)
-
-    def weight_drift(self, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0) -> dict:
-        """``max_abs`` ``|engine - trainer|`` over ``count`` sampled entries of each weight's fp32 copy in the
-        engine, for the trainer's ``named`` parameters (HF names):
-        :func:`~logra_lightning.rollout.vllm.sender.weight_drift`."""
-        pieces = (d for name, value in named for d in self.names.dense(name, value))
-        return weight_drift(self.sender, pieces, count, seed)
 
     def init_transfer(self, expected: list[tuple[str, tuple[int, ...]]] | None = None) -> dict:
         """(Re)initialize the weight transfer with the workers; returns their report (``"unplaced"``: the

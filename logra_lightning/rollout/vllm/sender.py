@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.sync.channel import Channel
 from logra_lightning.sync.frames import FORMAT, Item, chunks, decode, encode
 
@@ -259,23 +260,28 @@ class LowRankSender:
         self.channel = None
 
 
-def weight_drift(
-    sender: LowRankSender, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0
-) -> dict[str, float]:
-    """How far the engine's copy of the weights is from ``named`` (checkpoint names, the trainer's current values).
+class ReadsBackWeights:
+    """Gives an engine that syncs through ``self.sender`` (a :class:`LowRankSender`), converting names with
+    ``self.names`` (:class:`~logra_lightning.rollout.checkpoint_names.CheckpointNames`), its ``weight_drift``."""
 
-    Returns ``max_abs``: the largest ``|engine - trainer|`` over ``count`` entries drawn from each weight of
-    the engine's fp32 copy (:meth:`LowRankSender.probe`; NaN if either side holds one), and how many
-    ``entries`` and ``weights`` were compared; weights the engine keeps in no fp32 copy are not compared.
-    """
-    mine = dict(named)
-    diffs = [
-        values - mine[name].detach().reshape(-1)[idx.to(mine[name].device)].float().cpu()
-        for name, idx, values in sender.probe(list(mine), count, seed)
-    ]
-    flat = torch.cat(diffs) if diffs else torch.zeros(0)
-    return {
-        "max_abs": float(flat.abs().max()) if flat.numel() else 0.0,
-        "entries": float(flat.numel()),
-        "weights": float(len(diffs)),
-    }
+    sender: LowRankSender
+    names: CheckpointNames
+
+    def weight_drift(self, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0) -> dict:
+        """How far the engine's copy of the weights is from ``named`` (HF names, the trainer's current values).
+
+        Returns ``max_abs``: the largest ``|engine - trainer|`` over ``count`` entries drawn from each weight of
+        the engine's fp32 copy (:meth:`LowRankSender.probe`; NaN if either side holds one), and how many
+        ``entries`` and ``weights`` were compared; weights the engine keeps in no fp32 copy are not compared.
+        """
+        mine = {n: t for name, value in named for n, t in self.names.dense(name, value)}  # checkpoint names
+        diffs = [
+            values - mine[name].detach().reshape(-1)[idx.to(mine[name].device)].float().cpu()
+            for name, idx, values in self.sender.probe(list(mine), count, seed)
+        ]
+        flat = torch.cat(diffs) if diffs else torch.zeros(0)
+        return {
+            "max_abs": float(flat.abs().max()) if flat.numel() else 0.0,
+            "entries": float(flat.numel()),
+            "weights": float(len(diffs)),
+        }

@@ -50,7 +50,6 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +62,7 @@ from logra_lightning.rollout.checkpoint_names import CheckpointNames
 from logra_lightning.rollout.vllm.client import ServerClient, ServerError, ServerUnreachable
 from logra_lightning.rollout.vllm.options import VLLMServerOptions
 from logra_lightning.rollout.vllm.plugin import BACKEND
-from logra_lightning.rollout.vllm.sender import LowRankSender, TransferError, describe_unplaced, weight_drift
+from logra_lightning.rollout.vllm.sender import LowRankSender, ReadsBackWeights, TransferError, describe_unplaced
 from logra_lightning.sync.channel import local_address
 
 GENERATE_ROUTE = "/inference/v1/generate"
@@ -85,7 +84,7 @@ class PendingRollout:
     future: Future
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(ReadsBackWeights):
     """Sample from a ``vllm serve`` process; keep it in step with full, low-rank and coefficient-only syncs.
 
     Args:
@@ -291,13 +290,6 @@ class VLLMServerEngine:
         items = [(v, None) for u in updates for v in self.names.update(u)]
         items += [(None, d) for name, value in dense for d in self.names.dense(name, value)]
         self._sync(items, full=False)
-
-    def weight_drift(self, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0) -> dict:
-        """``max_abs`` ``|engine - trainer|`` over ``count`` sampled entries of each weight's fp32 copy in the
-        engine, for the trainer's ``named`` parameters (HF names):
-        :func:`~logra_lightning.rollout.vllm.sender.weight_drift`."""
-        pieces = (d for name, value in named for d in self.names.dense(name, value))
-        return weight_drift(self.sender, pieces, count, seed)
 
     def _sync(self, items: list, full: bool) -> None:
         t0 = time.perf_counter()
