@@ -14,12 +14,20 @@ changes. ``optimizer_memory`` measures LoGRA against the same floors as it is no
 factored second moment) moves LoGRA's update on the same real gradients, against the all-fp32 full-second-moment
 LoGRA, and each variant's cosine to dense AdamW's direction. The script read the optimizer's pending candidates
 (private state); the choices it weighed are LoGRA's defaults now.
+
+``plan_vs_measured``: ``logra plan`` against measured bytes and peaks, ~25M / ~100M / ~400M, AdamW and LoGRA, with
+and without activation checkpointing, each row under two allocator settings (``live``: RSS follows live tensor
+bytes; ``default``: allocator slack included), and the allocator slack fitted on the smallest size and checked on
+the others. Recorded before issue 18's storage changes; ``real_shapes_memory`` checks the planner against the
+live-bytes peak of a real-shape RL step as LoGRA is now.
 """
 
 from __future__ import annotations
 
+import json
+
 from benchmarks.harness import Benchmark, bench, flat
-from benchmarks.report import MB, Col, command_head, table
+from benchmarks.report import MB, Col, Target, command_head, pct, table
 
 
 class Archived(Benchmark):
@@ -104,3 +112,64 @@ class DirectionError(Archived):
             f"Reference state: {reference / MB:.1f} MB.",
             "",
         ]
+
+
+EXACT = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+PLAN = [
+    Col("size", "size"),
+    Col("params (M)", lambda r: r["predicted"]["params_m"], ".1f"),
+    Col("optimizer", "optimizer"),
+    Col("act. ckpt", lambda r: "on" if r["activation_checkpointing"] else "off"),
+    Col("params+grads+state MB (plan)", lambda r: sum(r["predicted"][k] for k in EXACT), "mb1"),
+    # the exact sums are the same tensors under every allocator setting: the worst
+    Col("error", lambda r: max((e["params_grads_state"] for e in r["rel_error"].values()), key=abs), "pct2"),
+    Col("peak MB (plan)", lambda r: r["predicted"]["peak_bytes"], "mb0"),
+    Col("peak phase", lambda r: r["predicted"]["peak_phase"]),
+]
+
+
+@bench("plan_vs_measured", title="Memory planner vs measurement", quick=None)
+class PlanVsMeasured(Archived):
+    script, commit = "benchmarks/plan_vs_measured.py", "2ac2186"
+
+    def section(self, res: dict) -> list[str]:
+        """Per size x optimizer x checkpointing: the plan, the measured peak under each allocator setting and the
+        errors; then the targets (errors are ``predicted / measured - 1``)."""
+        st, s = res["settings"], res["summary"]
+        fit, t = s["allocator_slack_fit"], st["targets"]
+        exact, peak = t["params_grads_state_abs_error_max"], t["peak_abs_error_max"]
+        cols = PLAN + [
+            c
+            for m in st["allocators"]
+            for c in (
+                Col(f"peak MB (`{m}`)", lambda r, m=m: r["measured"][m]["train_peak_bytes"], "mb0"),
+                Col(f"peak error (`{m}`)", lambda r, m=m: r["rel_error"][m]["peak"], "pct"),
+            )
+        ]
+        fitted = lambda r: r["rel_error"]["default"]["peak_with_fitted_slack"]  # noqa: E731
+        cols += [
+            Col(f"peak error (`default`, slack {pct(fit['slack'])})", fitted, "pct"),
+            Col("wall s", "wall_s", ".0f"),
+        ]
+        targets = [
+            Target(
+                f"params+grads+state within {pct(exact, 0)}, worst",
+                "max_abs_error_params_grads_state",
+                "<=",
+                exact,
+                "pct2",
+            )
+        ]
+        targets += [
+            Target(f"peak within {pct(peak, 0)} under `{m}`, worst", f"max_abs_error_peak_{m}", "<=", peak, "pct")
+            for m in st["allocators"]
+        ]
+        label = f"peak within {pct(peak, 0)} under `default` with `--allocator-slack {fit['slack']:.3f}` fitted on the "
+        label += f"{fit['size']} rows, worst held-out (other sizes)"
+        targets.append(Target(label, "max_abs_error_peak_default_fitted_slack_held_out", "<=", peak, "pct"))
+        mallocs = "; ".join(f"`{m}`: {doc}" for m, doc in st["allocators"].items())
+        head = f"{self.source()} {command_head(res)} Run settings: `{json.dumps(st['run'])}`. Errors are predicted / "
+        head += f"measured − 1; allocator settings: {mallocs}."
+        verdicts = "; ".join(t.verdict(s) for t in targets)
+        tail = f"Targets: {verdicts}; failed rows: {s['failed_rows']}."
+        return [head, "", *table([flat(r) for r in res["rows"]], cols), "", tail, ""]

@@ -47,7 +47,6 @@ QUICK_RESULTS = ROOT / ".cache" / "bench_quick"  # git-ignored: quick runs check
 # The benchmark modules; their registration order is the README's section order.
 MODULES = (
     "optimizer_memory",
-    "plan_vs_measured",
     "quality",
     "kl_control",
     "sync_cost",

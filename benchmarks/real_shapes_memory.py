@@ -21,7 +21,7 @@ Rows:
   ~100M / ~400M with its own settings (bf16 rows: ``--bf16-steps`` measured steps).
 
 The ``rl/`` rows run with glibc and MKL set so that RSS follows live tensor bytes (as
-``plan_vs_measured``'s ``live`` setting), the quantity ``logra plan`` models; its prediction is beside
+the archived ``plan_vs_measured``'s ``live`` setting), the quantity ``logra plan`` models; its prediction is beside
 each row, and the peak is also taken per phase. A row that does not fit is not shrunk: the worker's
 ``RLIMIT_DATA`` is this machine's available memory (at most 22 GiB of 24), so an allocation past it
 fails inside the worker, which records the phase and the error, instead of the OOM killer stopping
@@ -41,7 +41,6 @@ import traceback
 
 from benchmarks.common import ROOT, proc_memory, qwen2, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, load, main, out_path
-from benchmarks.plan_vs_measured import MALLOC, _warm_up_runtime
 from benchmarks.report import MB, Col, command_head, met, num, table
 
 SHAPE = "qwen2.5-0.5b"
@@ -74,6 +73,20 @@ MAX_LIMIT_GIB = 22.0
 TARGETS = {"logra_over_floor_chunked_max": 1.10, "bf16_over_fp32_max": 0.6, "plan_error_max": 0.20}
 PHASES = ("pi_old", "forward_backward", "optimizer")
 GiB = 2**30
+# The rl/ rows' allocators: glibc serves every allocation >= 64 KiB with mmap and returns it to the OS when freed,
+# and MKL's buffer cache is off, so RSS follows live tensor bytes (what the planner models, like
+# torch.cuda.max_memory_allocated); with the default allocators freed heap chunks stay resident.
+LIVE_BYTES = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
+TINY = dict(  # the runtime's warm-up step
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=16,
+    tie_word_embeddings=True,
+)
 
 
 def _spec(row: str, run: dict) -> dict:
@@ -110,7 +123,29 @@ def _rl_batch(vocab: int, run: dict):
     return seqs, lambda old: Trajectory(seqs, rewards, grpo_advantages(rewards, min(4, n)), old)
 
 
-# ------------------------------------------------------------------------------------------ RL row
+def warm_up_runtime(optimizer: str) -> None:
+    """One RL-shaped step of a throwaway 2-layer model, with and without activation checkpointing, so lazily loaded
+    code, kernels and autograd threads (~20-35 MB whatever the model size) are in the baseline, as a CUDA context
+    would be."""
+    import torch
+
+    from logra_lightning.optim import LoGRA, logra_param_groups
+    from logra_lightning.rl.logprobs import gather_logprobs
+
+    for ckpt in (False, True):
+        model = qwen2(TINY, checkpointing=ckpt)
+        opt = (
+            torch.optim.AdamW(model.parameters())
+            if optimizer == "adamw"
+            else LoGRA(logra_param_groups(model, rank=4), lr=1e-5)
+        )
+        ids = torch.randint(0, 64, (2, 16))
+        logp = gather_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])  # [2, 15]
+        (-(logp * torch.randn(2, 15)).mean()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def rl_worker(row: str, run: dict) -> dict:
     """One RL step of the shape; peak RSS per phase."""
     import torch
@@ -129,7 +164,7 @@ def rl_worker(row: str, run: dict) -> dict:
     groups = plan_micro_batches(seqs.lengths.tolist(), max_tokens=spec["budget"], packed=packed)
     limit = int(min(MAX_LIMIT_GIB * GiB, _mem_available() - GiB // 2))
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    _warm_up_runtime("adamw" if spec["optimizer"] == "adamw" else "logra")
+    warm_up_runtime("adamw" if spec["optimizer"] == "adamw" else "logra")
     out: dict = {"row": row, "spec": spec, "micro_batches": [len(g) for g in groups], "rlimit_data_bytes": limit}
     base = rss_baseline()
     out["rss_before_model_bytes"] = base
@@ -300,7 +335,7 @@ class RealShapesMemory(Benchmark):
         return {"run": RUN["quick" if args.quick else "full"], "targets": TARGETS, "bf16_steps": args.bf16_steps}
 
     def worker_env(self, name: str, settings: dict) -> dict[str, str]:
-        return MALLOC["live"] if name.startswith("rl/") else {}
+        return LIVE_BYTES if name.startswith("rl/") else {}
 
     def measure(self, name: str, settings: dict) -> dict:
         from benchmarks import optimizer_memory

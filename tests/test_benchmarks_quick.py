@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness, kl_control, make_readme, plan_vs_measured, rl_table
+from benchmarks import harness, kl_control, make_readme, rl_table
 from benchmarks.common import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,28 +125,6 @@ def test_kl_accuracy_summary_compares_seed_means() -> None:
     assert diff["paired_difference_points"] == pytest.approx([2.0, -4.0])
     assert diff["paired_standard_error_points"] == pytest.approx(3.0)  # stdev 4.243 / sqrt 2
     assert kl_control.accuracy_summary(runs[:2])["controlled_no_worse_than_default"] is None
-
-
-def test_allocator_slack_is_fitted_on_one_size_and_scores_the_others() -> None:
-    pvm = plan_vs_measured
-    run, rows = pvm.RUN["quick"], []
-    for size, ratio in (("1m", 1.2), ("5m", 1.3)):  # measured = ratio x the planner's live-bytes peak
-        pred = pvm.predict(pvm.QUICK[size], run, "adamw", True)
-        rows.append(
-            {
-                "size": size,
-                "optimizer": "adamw",
-                "activation_checkpointing": True,
-                "shape": pvm.QUICK[size],
-                "predicted": pred,
-                "measured": {"default": {"train_peak_bytes": ratio * pred["peak_bytes"]}},
-                "rel_error": {"default": {}},
-            }
-        )
-    assert pvm.fit_allocator_slack(rows, "1m", run) == pytest.approx(0.2)
-    assert rows[0]["rel_error"]["default"]["peak_with_fitted_slack"] == pytest.approx(0.0, abs=1e-6)
-    assert rows[1]["rel_error"]["default"]["peak_with_fitted_slack"] == pytest.approx(1.2 / 1.3 - 1, abs=1e-6)
-    assert pvm.fit_allocator_slack(rows, "13m", run) is None
 
 
 def test_sparse_bf16_delta_is_lossless_and_counts_changed_weights() -> None:

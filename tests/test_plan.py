@@ -5,7 +5,7 @@ The exact-accounting tests build small real HF models from configs, take one rea
 bytes with the sums over the actual tensors (target 2%; they agree to the byte), on one process
 and per rank on a real 2-process FSDP2 run (gloo, ~10 s). Saved activations are counted tensor
 by tensor with ``saved_tensors_hooks``. Peak memory against measured RSS lives in
-``benchmarks/plan_vs_measured.py``.
+``benchmarks/real_shapes_memory.py`` (and, across three sizes, in the archived ``plan_vs_measured`` results).
 """
 
 from __future__ import annotations

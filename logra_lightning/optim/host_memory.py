@@ -5,7 +5,7 @@ glibc's malloc keeps freed heap chunks resident: once an mmapped chunk of up to 
 been freed, its dynamic mmap threshold rises to that size, and from then on every tensor
 smaller than it (activations, gradients, sketches, Adam temporaries) comes from the heap,
 whose freed pages stay in the process's RSS, so the peak RSS sits above the live tensor bytes
-by what the allocator kept (``benchmarks/plan_vs_measured.py`` measures both).
+by what the allocator kept (``benchmarks/results/plan_vs_measured.json`` has both).
 ``malloc_trim(0)`` returns the free pages of every arena to the OS;
 :class:`~logra_lightning.optim.LoGRA` (``release_host_memory=True``, the default) calls it from its
 sketch hooks through a :class:`Trimmer`, once every 64 MiB of freed gradients, so what backward

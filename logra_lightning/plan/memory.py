@@ -14,7 +14,8 @@ JSON of a Qwen2, Qwen3, Llama, Mistral, Gemma 3, Phi-3 or Qwen3-MoE model, or a 
 never built). The memory model is
 pure functions of the shape and a :class:`PlanSetup`. Checked against exact tensor sums (one
 process and a real 2-process FSDP2 run) in ``tests/test_plan.py`` and against measured peak
-memory in ``benchmarks/plan_vs_measured.py``.
+memory in ``benchmarks/real_shapes_memory.py`` (a real-shape RL step) and in the archived
+``plan_vs_measured`` results (three sizes; ``benchmarks/archive.py`` says where its script is).
 
 The model, per GPU, for ``N`` GPUs (FSDP2 shards every parameter on dim 0: a rank holds
 ``ceil(m / N)`` rows), ``t = batch * seq_len`` tokens per micro-batch (or fewer with
@@ -91,8 +92,8 @@ Assumptions and departures (numbered):
    ``--allocator-slack`` x the training tensors at the peak (params, grads, state, activations,
    transients, FSDP buffers), 0 by default: set it from your own
    ``memory_reserved / max_memory_allocated - 1``. On the CPU check machine glibc + MKL held
-   about 20% more (``benchmarks/plan_vs_measured.py`` fits it on the smallest size and tests
-   it on the two larger ones).
+   about 20% more (``benchmarks/results/plan_vs_measured.json`` fits it on the smallest size
+   and tests it on the two larger ones).
 5. ``--gpu-memory-gb`` is read as GiB (an "80 GB" H100 reports 79.6 GiB).
 6. Mixture-of-experts layers (``k`` of ``E`` experts per token): activations as a dense MLP of
    width ``k * moe_intermediate_size``
