@@ -20,6 +20,13 @@ and without activation checkpointing, each row under two allocator settings (``l
 bytes; ``default``: allocator slack included), and the allocator slack fitted on the smallest size and checked on
 the others. Recorded before issue 18's storage changes; ``real_shapes_memory`` checks the planner against the
 live-bytes peak of a real-shape RL step as LoGRA is now.
+
+``server_engine``: the demo with its engine in a ``logra serve`` process, the server killed and restarted
+mid-run (the trainer waited, re-synced and went on), and on- vs off-policy throughput. The restart is a test now
+(``tests/test_vllm_server.py``); docs/server_engine.md reads the run.
+
+``step_speed``: the real model's training phase (forward, backward, LoGRA's step) with one speed setting added
+per row, from the settings ``configs/smollm2_chain_sum.yaml`` had before to those it ships; docs/speed.md reads it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.harness import Benchmark, bench, flat
-from benchmarks.report import MB, Col, Target, command_head, pct, table
+from benchmarks.report import MB, Col, Target, command_head, num, pct, table
 
 
 class Archived(Benchmark):
@@ -173,3 +180,75 @@ class PlanVsMeasured(Archived):
         verdicts = "; ".join(t.verdict(s) for t in targets)
         tail = f"Targets: {verdicts}; failed rows: {s['failed_rows']}."
         return [head, "", *table([flat(r) for r in res["rows"]], cols), "", tail, ""]
+
+
+SERVER = [
+    Col("low-rank syncs", "syncs"),
+    Col("bytes per low-rank sync", lambda s: f"{num((s['bytes_per_sync_lowrank'] or 0) / 1e3, '.1f')} kB"),
+    Col("full sync", lambda s: f"{num((s['bytes_per_sync_full'] or 0) / 1e6, '.2f')} MB"),
+    Col("drift max", "drift_max", ".1e"),
+    Col("restart recovered", lambda s: "yes" if s["restart_recovered"] else "**no**"),
+    Col("accuracy", lambda a: f"{num(a.get('accuracy_before'), '.3f')} -> {num(a.get('accuracy_after'), '.3f')}"),
+]
+THROUGHPUT = [
+    Col("rollouts", lambda r: r["name"].replace("_", "-")),
+    Col("wall s/step", "batch_wall_median", ".3f"),
+    Col("training_step s", lambda r: r["sync"]["step_seconds_median"], ".3f"),
+    Col("sync s", lambda r: r["sync"]["sync_seconds_median"], ".3f"),
+    Col("policy lag (syncs)", lambda r: (r.get("policy_lag") or {}).get("mean"), ".2f"),
+]
+
+
+@bench("server_engine", title="Engine in a separate vLLM server", quick=None)
+class ServerEngine(Archived):
+    script, commit = "benchmarks/server_engine.py", "2ac2186"
+
+    def section(self, res: dict) -> list[str]:
+        """The restart run's syncs, drift and recovery; then the on- and off-policy throughput runs."""
+        s, st, runs = res["summary"], res["settings"], {r["name"]: flat(r) for r in res["rows"]}
+        head = f"{self.source()} {command_head(res)} The demo config (`{st['config']}`) with its engine in a `logra "
+        head += f"serve` process on the same machine (server start {st['server_start_seconds']:.0f} s); the server was "
+        head += f"killed and restarted after step {st['restart_at']}."
+        throughput = [runs["on_policy"], runs["off_policy"]]
+        return [
+            head,
+            "",
+            *table([{**runs["demo_restart"]["summary"], **s}], SERVER),
+            "",
+            "Throughput: wall seconds per step (batch end to batch end: rollout, training and sync, with whatever "
+            "overlaps), the training step alone, and the sync (off-policy: it also waits for the rollout running "
+            "ahead). Trainer and server share the same 2 cores here, so overlapping them has little to gain.",
+            "",
+            *table(throughput, THROUGHPUT),
+            "",
+        ]
+
+
+SPEED = [
+    Col("setting (each row adds one)", "name"),
+    Col("forward+backward s", "forward_backward_seconds", ".2f"),
+    Col("with optimizer step s", "step_seconds", ".2f"),
+    Col("speed-up", lambda r: f"{r['base'] / r['step_seconds']:.2f}×"),
+    Col("peak RSS MB", "peak_rss_bytes", "mb0"),
+    Col("model TFLOP/s", "model_tflops_per_second", ".3f"),
+    Col("MFU (peak in the row's dtype)", "mfu", "pct"),
+    Col("first step s", "first_step_seconds", ".1f"),
+]
+
+
+@bench("step_speed", title="The RL step's training phase, setting by setting", quick=None)
+class StepSpeed(Archived):
+    script, commit = "benchmarks/step_speed.py", "2ac2186"
+
+    def section(self, res: dict) -> list[str]:
+        """One row per setting added: forward+backward and step seconds, speed-up over the first row, RSS, MFU."""
+        s, rows = res["settings"], [flat(r) for r in res["rows"]]
+        rows = [{**r, "base": rows[0]["step_seconds"]} for r in rows]
+        head = (
+            f"{self.source()} {command_head(res)} `{s['model']}`, {s['sequences']} sequences of {s['prompt_tokens']} "
+        )
+        head += f"+ {s['completion_tokens']} tokens, LoGRA r{s['rank']}, {s['threads']} threads, medians of steps 3-"
+        head += (
+            f"{s['steps']}. The whole RL step on the shipped config, with rollout, sync and KL control: docs/speed.md."
+        )
+        return [head, "", *table(rows, SPEED), ""]

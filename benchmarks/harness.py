@@ -57,9 +57,7 @@ MODULES = (
     "real_shapes_memory",
     "ddp_comm",
     "soak",
-    "server_engine",
     "real_model_tasks",
-    "step_speed",
     "long_real_run",
 )
 ENVELOPE = ("command", "machine", "load_start", "load_end", "wall_seconds")
