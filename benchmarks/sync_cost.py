@@ -36,40 +36,19 @@ from pathlib import Path
 
 from benchmarks.common import engine_drift, logprob_gap, sample, shape_config, trainer_logprobs
 from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.report import Col, command_head, load_text, met, num, table
+from benchmarks.report import Col, bars, command_head, load_text, met, num, table
 
 SIZES = ("25m", "100m", "400m")
 HEADLINE = "100m"
 GAPS = (50, 100, 200)  # refresh periods the per-step average is given for (configs use 50-100; LoGRA's default 200)
 FORMATS = {"float32": ("float32", False), "bfloat16": ("bfloat16", True), "bfloat16_unmatched": ("bfloat16", False)}
-RUN = {
-    "full": dict(
-        rank=64,
-        steps={"25m": 16, "100m": 8, "400m": 6},
-        update_proj_gap=3,
-        full_syncs=2,
-        batch=2,
-        seq=32,
-        threads=2,
-        lr=1e-3,
-        sweep_lrs=(1e-4, 1e-5, 1e-6),
-        sweep_steps=3,
-    ),
-    "quick": dict(
-        rank=8,
-        steps={"tiny": 4},
-        update_proj_gap=3,
-        full_syncs=2,
-        batch=4,
-        seq=16,
-        threads=1,
-        lr=1e-3,
-        sweep_lrs=(1e-5,),
-        sweep_steps=2,
-    ),
-}
+FULL = dict(rank=64, steps={"25m": 16, "100m": 8, "400m": 6}, update_proj_gap=3, full_syncs=2, batch=2, seq=32)
+FULL.update(threads=2, lr=1e-3, sweep_lrs=(1e-4, 1e-5, 1e-6), sweep_steps=3)
+QUICK = {**FULL, "rank": 8, "steps": {"tiny": 4}, "batch": 4, "seq": 16, "threads": 1}
+QUICK.update(sweep_lrs=(1e-5,), sweep_steps=2)
 SPARSE_TARGET = 0.5  # LoGRA's coefficient sync (bf16 wire) at most this share of AdamW's sparse delta per step
 QUICK_SIZE = "tiny"  # build_tiny_model: the test model and char tokenizer
+OPTS = ("adamw", "logra")  # the optimizers of the sparse-delta learning-rate sweep
 
 
 def build_model_dir(size: str, path: Path) -> str:
@@ -84,14 +63,8 @@ def build_model_dir(size: str, path: Path) -> str:
         return build_tiny_model(path)
     tok = build_char_tokenizer()
     fields = {k: v for k, v in shape_config(size).items() if k != "model_type"}
-    cfg = Qwen2Config(
-        **fields,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
-    )
+    special = dict(eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen2Config(**fields, max_position_embeddings=256, **special, torch_dtype="float32")
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
@@ -100,6 +73,32 @@ def build_model_dir(size: str, path: Path) -> str:
 
 def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(r[key] for r in rows) if rows else None
+
+
+def _rounded(rows: list[dict], digits: int) -> list[dict]:
+    return [{k: (round(v, digits) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+
+
+def make_optimizer(name: str, policy, lr: float, run: dict):
+    """AdamW or LoGRA (every matrix low-rank) over ``policy``, as every pass of this benchmark builds it."""
+    import torch
+
+    from logra_lightning.optim import LoGRA
+
+    if name == "adamw":
+        return torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.01)
+    params = list(policy.named_parameters())
+    return LoGRA(params, lr=lr, weight_decay=0.01, rank=run["rank"], update_proj_gap=run["update_proj_gap"])
+
+
+def lm_step(policy, opt, run: dict, g) -> None:
+    """One language-model step on random tokens (``[batch, seq]``, drawn from ``g``)."""
+    import torch
+
+    ids = torch.randint(0, policy.config.vocab_size, (run["batch"], run["seq"]), generator=g)
+    policy(ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad()
 
 
 def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g, sparse: bool = False) -> dict:
@@ -116,19 +115,14 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
     dtype = getattr(torch, dtype_name)
     params = dict(policy.named_parameters())
     dense_names = set(opt.dense_param_names())
-    vocab = policy.config.vocab_size
     engine.load_weights(policy.named_parameters())  # start in step
     start = sample(engine, prompts)  # the policy at the start, as the engine samples it
     held: dict[str, str] = {}
-    syncs, drifts = [], []
+    syncs, drifts, sparse_rows = [], [], []
     checkpoints = {k for k in (1, 2, 4, 8, 16, 32) if k <= steps} | {steps}
     delta = SparseDelta(params) if sparse else None
-    sparse_rows = []
     for k in range(1, steps + 1):
-        ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
-        policy(ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
+        lm_step(policy, opt, run, g)
         if delta is not None:  # what the field's sparse sync would send for this LoGRA step
             sparse_rows.append(delta.step(params))
         updates = [u for step in opt.pop_applied_updates() for u in step]
@@ -138,12 +132,11 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
                 for u in updates:
                     match_wire_rounding_(params[u.name].view(-1, params[u.name].shape[-1]), u.left, u.right, dtype)
         match_seconds = time.perf_counter() - t
-        sent, held_next = wire_updates(updates, held, dtype)
+        sent, held = wire_updates(updates, held, dtype)
         dense = [(n, params[n].detach()) for n in dense_names]
         t = time.perf_counter()
         engine.apply_lowrank_updates(sent, dense)
         seconds = time.perf_counter() - t
-        held = held_next
         basis_bytes = sum(u.basis_nbytes for u in sent)
         syncs.append(
             {
@@ -160,33 +153,26 @@ def run_format(engine, policy, opt, wire: str, steps: int, run: dict, prompts, g
             mean, worst = engine_drift(engine, policy, prompts)
             drifts.append({"syncs": k, "mean": mean, "max": worst})
     moved = logprob_gap(trainer_logprobs(policy, start), start.logprobs)
-    by_kind = {kind: [r for r in syncs if r["kind"] == kind] for kind in ("with_bases", "coefficients")}
-    summary = {
-        kind: {
-            "syncs": len(rows),
-            "bytes": rows[-1]["bytes"] if rows else None,
-            "payload_bytes": rows[-1]["payload_bytes"] if rows else None,
-            "seconds_median": _median(rows, "seconds"),
-        }
-        for kind, rows in by_kind.items()
-    }
+    out: dict = {"wire_dtype": dtype_name, "match_rounding": match, "steps": steps}
+    for kind in ("with_bases", "coefficients"):
+        rows = [r for r in syncs if r["kind"] == kind]
+        last = rows[-1] if rows else {}
+        out[kind] = {"syncs": len(rows), "bytes": last.get("bytes"), "payload_bytes": last.get("payload_bytes")}
+        out[kind]["seconds_median"] = _median(rows, "seconds")
     return {
-        "wire_dtype": dtype_name,
-        "match_rounding": match,
-        "steps": steps,
-        **summary,
+        **out,
         "match_seconds_median": _median(syncs, "match_seconds") if match else None,
         "drift": drifts,
         "drift_max": max(d["max"] for d in drifts),
         "policy_moved": {"mean": moved[0], "max": moved[1]},
-        "each": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in syncs],
+        "each": _rounded(syncs, 4),
         "sparse_delta": sparse_rows or None,
     }
 
 
-def sparse_row(rows: list[dict], optimizer: str, lr: float) -> dict:
+def sparse_row(rows: list[dict], optimizer: str, lr: float, each: bool = True) -> dict:
     """A ``sparse_delta_*_bf16`` row: per-step bytes (median over the steps; int32 indices + bf16 values) etc."""
-    return {
+    out = {
         "optimizer": optimizer,
         "lr": lr,
         "encoding": "int32 flat indices + bf16 values of the changed bf16 weights (6 bytes each)",
@@ -196,35 +182,22 @@ def sparse_row(rows: list[dict], optimizer: str, lr: float) -> dict:
         "changed_fraction_median": statistics.median(r["changed_fraction"] for r in rows),
         "seconds_median": statistics.median(r["seconds"] for r in rows),
         "drift_max": max(r["drift_max"] for r in rows),
-        "each": [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
     }
+    return {**out, "each": _rounded(rows, 6)} if each else out
 
 
-def sparse_steps(path: str, optimizer: str, lr: float, steps: int, run: dict, seed: int = 0) -> list[dict]:
+def sparse_steps(path: str, name: str, lr: float, steps: int, run: dict, seed: int = 0) -> list[dict]:
     """``steps`` steps of AdamW or LoGRA from the model at ``path`` (fresh), each measured as a sparse bf16 sync."""
     import torch
 
     from benchmarks.sparse_delta import SparseDelta
     from logra_lightning.models import load_policy
-    from logra_lightning.optim import LoGRA
 
     policy, _ = load_policy(path)
-    params = dict(policy.named_parameters())
-    if optimizer == "adamw":
-        opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.01)
-    else:
-        opt = LoGRA(
-            list(params.items()), lr=lr, weight_decay=0.01, rank=run["rank"], update_proj_gap=run["update_proj_gap"]
-        )
-    g = torch.Generator().manual_seed(seed)
-    vocab = policy.config.vocab_size
-    delta = SparseDelta(params)
-    rows = []
+    params, opt = dict(policy.named_parameters()), make_optimizer(name, policy, lr, run)
+    g, delta, rows = torch.Generator().manual_seed(seed), SparseDelta(params), []
     for _ in range(steps):
-        ids = torch.randint(0, vocab, (run["batch"], run["seq"]), generator=g)
-        policy(ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
+        lm_step(policy, opt, run, g)
         rows.append(delta.step(params))
     return rows
 
@@ -235,7 +208,6 @@ def measure(size: str, run: dict) -> dict:
 
     torch.set_num_threads(run["threads"])
     from logra_lightning.models import load_policy
-    from logra_lightning.optim import LoGRA
     from logra_lightning.rollout import VLLMEngineSpec
     from logra_lightning.sync.wire import tensor_nbytes
 
@@ -245,82 +217,50 @@ def measure(size: str, run: dict) -> dict:
     t0 = time.perf_counter()
     engine = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
     start_seconds = time.perf_counter() - t0
-    opt = LoGRA(
-        list(policy.named_parameters()),
-        lr=run["lr"],
-        weight_decay=0.01,
-        rank=run["rank"],
-        update_proj_gap=run["update_proj_gap"],
-    )
+    opt = make_optimizer("logra", policy, run["lr"], run)
     opt.record_updates = True
     g = torch.Generator().manual_seed(0)
-    vocab = policy.config.vocab_size
-    prompts = [torch.randint(3, min(vocab, 100), (8,), generator=g).tolist() for _ in range(2)]
-
+    prompts = [torch.randint(3, min(policy.config.vocab_size, 100), (8,), generator=g).tolist() for _ in range(2)]
     full = []
     for _ in range(run["full_syncs"]):
         t = time.perf_counter()
         engine.load_weights(policy.named_parameters())
-        full.append(
-            {
-                "bytes": sum(map(tensor_nbytes, policy.parameters())),
-                "payload_bytes": engine.last_sync["bytes"],
-                "seconds": time.perf_counter() - t,
-            }
-        )
+        seconds = time.perf_counter() - t
+        bytes_ = sum(map(tensor_nbytes, policy.parameters()))
+        full.append({"bytes": bytes_, "payload_bytes": engine.last_sync["bytes"], "seconds": seconds})
     gap_full = engine_drift(engine, policy, prompts)
-    formats = {
-        wire: run_format(engine, policy, opt, wire, run["steps"][size], run, prompts, g, sparse=wire == "float32")
-        for wire in FORMATS
-    }
+    steps = run["steps"][size]
+    formats = {w: run_format(engine, policy, opt, w, steps, run, prompts, g, sparse=w == "float32") for w in FORMATS}
     engine.close()
     params_count = sum(p.numel() for p in policy.parameters())
     del opt, policy
     # The field's sparse bf16 deltas: of the LoGRA steps above (fp32 pass) and of AdamW's at the same lr and steps,
     # then a few steps of each at lower learning rates (only the sparse side: coefficient bytes do not depend on lr).
-    steps = run["steps"][size]
     sparse_logra = sparse_row(formats["float32"].pop("sparse_delta"), "LoGRA", run["lr"])
     sparse_adamw = sparse_row(sparse_steps(path, "adamw", run["lr"], steps, run), "AdamW", run["lr"])
-    sweep = []
-    for lr in run["sweep_lrs"]:
-        sweep.append(
-            {
-                "lr": lr,
-                "steps": run["sweep_steps"],
-                **{
-                    name: {
-                        k: v
-                        for k, v in sparse_row(sparse_steps(path, name, lr, run["sweep_steps"], run), name, lr).items()
-                        if k != "each"
-                    }
-                    for name in ("adamw", "logra")
-                },
-            }
-        )
-    for formats_row in formats.values():
-        formats_row.pop("sparse_delta", None)
+    n = run["sweep_steps"]
+    sweep = [
+        {"lr": lr, "steps": n, **{o: sparse_row(sparse_steps(path, o, lr, n, run), o, lr, each=False) for o in OPTS}}
+        for lr in run["sweep_lrs"]
+    ]
+    for f in formats.values():
+        f.pop("sparse_delta", None)
     tmp.cleanup()
     full_bytes = full[-1]["bytes"]
     fp32, bf16 = formats["float32"], formats["bfloat16"]
-    per_step = {}
-    for wire, f in formats.items():
-        if f["with_bases"]["bytes"] is None or f["coefficients"]["bytes"] is None:
-            continue
-        per_step[wire] = {
-            str(G): (f["with_bases"]["bytes"] + (G - 1) * f["coefficients"]["bytes"]) / G / full_bytes for G in GAPS
-        }
-    fp32_gap = fp32["drift"][-1]
+    per_step = {
+        wire: {str(G): (f["with_bases"]["bytes"] + (G - 1) * f["coefficients"]["bytes"]) / G / full_bytes for G in GAPS}
+        for wire, f in formats.items()
+        if f["with_bases"]["bytes"] is not None and f["coefficients"]["bytes"] is not None
+    }
     coef_bf16 = bf16["coefficients"]["bytes"]
-    per_step_bf16 = {G: (bf16["with_bases"]["bytes"] + (G - 1) * coef_bf16) / G for G in GAPS}
+    sparse, bitmask = sparse_adamw["bytes_per_step"], sparse_adamw["bitmask_bytes_per_step"]
+    info = engine.init_info
+    engine_info = {"dtype": "float32", "sync_mode": info["mode"], "reload_modules": info["reload_modules"]}
     return {
         "params": params_count,
         "rank": run["rank"],
-        "engine": {
-            "dtype": "float32",
-            "sync_mode": engine.init_info["mode"],
-            "reload_modules": engine.init_info["reload_modules"],
-            "start_seconds": round(start_seconds, 1),
-        },
+        "engine": {**engine_info, "start_seconds": round(start_seconds, 1)},
         "full_sync": {
             "bytes": full_bytes,
             "payload_bytes": full[-1]["payload_bytes"],
@@ -338,24 +278,18 @@ def measure(size: str, run: dict) -> dict:
         },
         "bytes_per_step_ratio": per_step,
         "wire_formats": formats,
-        "logprob_gap_after_lowrank_syncs": {
-            "mean": fp32_gap["mean"],
-            "max": fp32_gap["max"],
-            "syncs": fp32_gap["syncs"],
-        },
+        "logprob_gap_after_lowrank_syncs": {k: fp32["drift"][-1][k] for k in ("mean", "max", "syncs")},
         "logprob_gap_after_full_sync": {"mean": gap_full[0], "max": gap_full[1]},
         "sparse_delta_adamw_bf16": sparse_adamw,
         "sparse_delta_logra_bf16": sparse_logra,
         "coefficient_vs_sparse_adamw": {
             "coefficient_bf16_bytes": coef_bf16,
-            "sparse_adamw_bytes_per_step": sparse_adamw["bytes_per_step"],
-            "ratio": coef_bf16 / sparse_adamw["bytes_per_step"] if sparse_adamw["bytes_per_step"] else None,
-            "ratio_to_bitmask": coef_bf16 / sparse_adamw["bitmask_bytes_per_step"]
-            if sparse_adamw["bitmask_bytes_per_step"]
-            else None,
-            "per_step_bf16_with_bases": {str(G): b for G, b in per_step_bf16.items()},
+            "sparse_adamw_bytes_per_step": sparse,
+            "ratio": coef_bf16 / sparse if sparse else None,
+            "ratio_to_bitmask": coef_bf16 / bitmask if bitmask else None,
+            "per_step_bf16_with_bases": {str(G): (bf16["with_bases"]["bytes"] + (G - 1) * coef_bf16) / G for G in GAPS},
             "target": SPARSE_TARGET,
-            "met": bool(sparse_adamw["bytes_per_step"] and coef_bf16 <= SPARSE_TARGET * sparse_adamw["bytes_per_step"]),
+            "met": bool(sparse and coef_bf16 <= SPARSE_TARGET * sparse),
             "bf16_full_bytes": params_count * 2,
         },
         "sparse_delta_lr_sweep": sweep,
@@ -389,6 +323,14 @@ def _sparse(key: str, name: str, seconds: bool) -> Col:
     return Col(f"sparse delta, {name}", cell)
 
 
+SYNCS = [
+    Col("size", "name"),
+    Col("params (M)", lambda r: r["params"] / 1e6, ".1f"),
+    Col("full sync", lambda r: f"{r['full_sync']['bytes'] / 1e6:.0f} MB, {r['full_sync']['seconds_median']:.2f} s"),
+    _sync("with bases fp32", "lowrank_sync", None, ".1f"),
+    _sync("coefficients fp32", "coefficient_sync", "float32", ".2f"),
+    _sync("coefficients bf16", "coefficient_sync", "bfloat16", ".2f"),
+]
 DRIFT = [
     Col("size", "size"),
     Col("wire", "wire"),
@@ -436,14 +378,9 @@ SWEEP = [
 class SyncCost(Benchmark):
     isolate = True  # one engine per process
 
-    flags = dict.fromkeys(("sizes", "steps"))  # steps: LoGRA steps per wire format, every size (default: RUN)
+    flags = dict.fromkeys(("sizes",))
 
     def settings(self, args) -> dict:
-        run = dict(RUN["quick" if args.quick else "full"])
-        if args.steps is not None:
-            if args.steps < 2:
-                raise SystemExit(f"--steps {args.steps}: need >= 2 (a sync with bases, then coefficients)")
-            run["steps"] = {size: args.steps for size in run["steps"]}
         sizes = [QUICK_SIZE] if args.quick else (args.sizes or list(SIZES))
         unknown = sorted(set(sizes) - set(SIZES) - {QUICK_SIZE})
         if unknown:
@@ -451,6 +388,7 @@ class SyncCost(Benchmark):
         import torch
         import vllm
 
+        run = QUICK if args.quick else FULL
         return {
             "versions": {"torch": torch.__version__, "vllm": vllm.__version__, "python": platform.python_version()},
             "torch_threads": run["threads"],
@@ -471,40 +409,26 @@ class SyncCost(Benchmark):
     def section(self, res: dict) -> list[str]:
         """Bytes and seconds per sync (full, with bases, coefficients), bytes per step, drift per wire format."""
         st, rows = res["settings"], [flat(r) for r in res["rows"]]
-        run, gaps, ok = st["run"], st["gaps"], [r for r in rows if r["ok"]]
+        run, ok = st["run"], [r for r in rows if r["ok"]]
         head = (
             command_head(res) + f" Rank {run['rank']}, `update_proj_gap` {run['update_proj_gap']} during the run (so "
             f"that refreshes happen), LoGRA steps per wire format {json.dumps(run['steps'])}, versions "
             f"{json.dumps(st['versions'])}; fp32 engine (vLLM CPU build) keeping each matrix's basis, one engine per "
             'size in its own process. "with bases": a sync after a basis refresh (both factors); "coefficients": the '
             "other syncs (the engine holds the basis). Bytes per step: one sync with bases and `G - 1` with "
-            f"coefficients per refresh period `G` ({', '.join(map(str, gaps))})."
+            f"coefficients per refresh period `G` ({', '.join(map(str, st['gaps']))})."
         )
-        if st.get("merged"):
-            head += (
-                " Sizes measured by separate calls: "
-                + "; ".join(
-                    f"{r['name']}: `{r.get('command', '?')}`, {r.get('wall_seconds', 0):.0f} s, load at start "
-                    f"{load_text(r.get('load_start'))}"
-                    for r in rows
-                )
-                + "."
-            )
-        cols = [
-            Col("size", "name"),
-            Col("params (M)", lambda r: r["params"] / 1e6, ".1f"),
-            Col(
-                "full sync",
-                lambda r: f"{r['full_sync']['bytes'] / 1e6:.0f} MB, {r['full_sync']['seconds_median']:.2f} s",
-            ),
-            _sync("with bases fp32", "lowrank_sync", None, ".1f"),
-            _sync("coefficients fp32", "coefficient_sync", "float32", ".2f"),
-            _sync("coefficients bf16", "coefficient_sync", "bfloat16", ".2f"),
-            *(_per_step(w, gaps) for w in ("float32", "bfloat16")),
-        ]
+        if st.get("merged"):  # rows measured by separate calls, each with its own command and load
+            calls = [
+                f"{r['name']}: `{r.get('command', '?')}`, {r.get('wall_seconds', 0):.0f} s, load at start "
+                f"{load_text(r.get('load_start'))}"
+                for r in rows
+            ]
+            head += " Sizes measured by separate calls: " + "; ".join(calls) + "."
         full = ", ".join(f"{r['name']} {r['logprob_gap_after_full_sync']['max']:.1e}" for r in ok)
         drift = [{"size": r["name"], "wire": w, **f} for r in ok for w, f in r["wire_formats"].items()]
-        out = [head, "", *table(rows, cols), ""]
+        per_step = [_per_step(w, st["gaps"]) for w in ("float32", "bfloat16")]
+        out = [head, "", *table(rows, SYNCS + per_step), ""]
         out += [
             "Engine-vs-trainer drift, |logprob| of sampled tokens (mean / max), after N low-rank syncs from a full "
             'sync; "moved": mean |logprob change| of the run\'s policy on the same tokens (how large the synced '
@@ -518,32 +442,27 @@ class SyncCost(Benchmark):
 
     def plot(self, res: dict, plt):
         """Bytes and seconds per sync per size and kind; drift against the number of syncs per wire format."""
-        rows = {r["name"]: r["metrics"] for r in res["rows"] if r["ok"]}
+        rows = {f"{r['name']} (r={r['metrics']['rank']})": r["metrics"] for r in res["rows"] if r["ok"]}
         fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-        kinds = [
-            ("full", lambda r: r["full_sync"]),
-            ("with bases", lambda r: r["lowrank_sync"]),
-            ("coef fp32", lambda r: r["coefficient_sync"]["float32"]),
-            ("coef bf16", lambda r: r["coefficient_sync"]["bfloat16"]),
-        ]
-        x, width = range(len(rows)), 0.2
-        for ax, key, title in (
-            (axes[0], "bytes", "MB sent per sync"),
-            (axes[1], "seconds_median", "seconds per sync (median)"),
+        kinds = {
+            "full": lambda r: r["full_sync"],
+            "with bases": lambda r: r["lowrank_sync"],
+            "coef fp32": lambda r: r["coefficient_sync"]["float32"],
+            "coef bf16": lambda r: r["coefficient_sync"]["bfloat16"],
+        }
+        for ax, key, scale, title in (
+            (axes[0], "bytes", 1e6, "MB sent per sync"),
+            (axes[1], "seconds_median", 1.0, "seconds per sync (median)"),
         ):
-            scale = 1e6 if key == "bytes" else 1.0
-            for i, (label, get) in enumerate(kinds):
-                heights = [(get(r)[key] or 0) / scale for r in rows.values()]
-                ax.bar([j + (i - 1.5) * width for j in x], heights, width, label=label, color=f"C{i}")
-            ax.set_xticks(list(x), [f"{size} (r={r['rank']})" for size, r in rows.items()])
+            bars(
+                ax, list(rows), list(kinds), lambda size, kind: (kinds[kind](rows[size])[key] or 0) / scale, title=title
+            )
             ax.set_yscale("log")
-            ax.set_title(title, fontsize=9)
-            ax.legend(fontsize=7)
         for i, (size, r) in enumerate(rows.items()):
             for wire, style in (("float32", "-"), ("bfloat16", "--"), ("bfloat16_unmatched", ":")):
                 d = r["wire_formats"][wire]["drift"]
                 xs, ys = [p["syncs"] for p in d], [max(p["max"], 1e-8) for p in d]
-                axes[2].plot(xs, ys, style, marker="o", color=f"C{i}", label=f"{size} {wire}")
+                axes[2].plot(xs, ys, style, marker="o", color=f"C{i}", label=f"{size.split()[0]} {wire}")
         axes[2].set_xscale("log", base=2)
         axes[2].set_yscale("log")
         axes[2].set_xlabel("low-rank syncs since the last full sync", fontsize=8)
