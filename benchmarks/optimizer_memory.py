@@ -67,15 +67,7 @@ SIZES = {
     "full": {
         "25m": ROWS,
         "100m": ROWS + BF16_ROWS,
-        "400m": [
-            "adamw",
-            "logra",
-            "adamw8bit_bnb",
-            "floor_nograd",
-            "floor_nograd_trim",
-            "floor_chunked",
-            "logra_chunked",
-        ],
+        "400m": "adamw logra adamw8bit_bnb floor_nograd floor_nograd_trim floor_chunked logra_chunked".split(),
     },
     "quick": {"quick": ROWS},
 }
@@ -225,17 +217,7 @@ def add_ratios(rows: list[dict]) -> None:
     "optimizer_step_time",
     title="Step time: 1 thread, rows interleaved and repeated",
     quick=None,
-    full=[
-        "--sizes",
-        "100m",
-        "--rows",
-        "adamw",
-        "logra",
-        "--repeat",
-        "3",
-        "--out",
-        "benchmarks/results/optimizer_step_time.json",
-    ],
+    full="--sizes 100m --rows adamw logra --repeat 3 --out benchmarks/results/optimizer_step_time.json".split(),
 )
 @bench("optimizer_memory", title="Optimizer memory and speed", quick=[], full=[], variants=("optimizer_memory_bf16",))
 class OptimizerMemory(Benchmark):

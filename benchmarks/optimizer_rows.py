@@ -19,38 +19,6 @@ Example::
 
 from __future__ import annotations
 
-ROWS = [
-    "adamw",
-    "logra",
-    "logra_prev",
-    "logra_dense_embed",
-    "logra_fullgrad",
-    "galore",
-    "apollo",
-    "adamw8bit_bnb",
-    "adamw8bit_torchao",
-    "floor_grads",
-    "floor_nograd",
-    "floor_nograd_trim",
-    "lora",
-    "floor_chunked",
-    "logra_chunked",
-]
-# Rows whose loss runs through the chunked LM head (logra_lightning.rl.lm_head: the logits never
-# whole); the others use transformers' own loss over the whole logits.
-CHUNKED_LOSS = {"floor_chunked", "logra_chunked", "logra_bf16_chunked"}
-# Issue 18's bf16 rows: measured at ~100M only (this CPU has no bf16 matrix units; a bf16 step at ~100M takes minutes).
-BF16_ROWS = ["logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16", "logra_bf16_chunked"]
-# Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
-# "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
-PRECISION = {
-    "logra_bf16_stochastic": "bf16",
-    "logra_bf16_kahan": "bf16",
-    "logra_bf16_chunked": "bf16",
-    "adamw_bf16": "bf16",
-    "adamw_bf16_mixed": "bf16-mixed",
-}
-
 DESCRIPTION = {
     "adamw": "torch.optim.AdamW (dense fp32 grads + 2 moments)",
     "logra": "LoGRA rank r, sketch in backward, embeddings low-rank (default)",
@@ -65,15 +33,24 @@ DESCRIPTION = {
     "floor_nograd": "no optimizer: each grad dropped in its post-accumulate hook (lower bound)",
     "floor_nograd_trim": "floor_nograd + glibc malloc_trim in each grad hook and after each step (as LoGRA on CPU)",
     "lora": "LoRA (PEFT) rank r, alpha 2r, on every attention/MLP matrix; torch.optim.AdamW on the factors",
+    "floor_chunked": "no optimizer, chunked LM head (logits never whole): each grad dropped in its hook (lower bound)",
+    "logra_chunked": "LoGRA rank r (as `logra`), loss through the chunked LM head",
     "logra_bf16_stochastic": "LoGRA rank r on bf16 weights (no fp32 copy), update added with stochastic rounding",
     "logra_bf16_kahan": "LoGRA rank r on bf16 weights, update added with Kahan compensation (bf16 buffer in state)",
     "adamw_bf16_mixed": "torch.optim.AdamW on fp32 master weights, forward/backward under bf16 autocast",
     "adamw_bf16": "torch.optim.AdamW on bf16 weights (grads and moments bf16, round to nearest)",
-    "floor_chunked": "no optimizer, chunked LM head (logits never whole): each grad dropped in its hook (lower bound)",
-    "logra_chunked": "LoGRA rank r (as `logra`), loss through the chunked LM head",
     "logra_bf16_chunked": "LoGRA rank r on bf16 weights, stochastic rounding (as `logra_bf16_stochastic`), "
     "chunked LM head",
 }
+# Issue 18's bf16 rows: measured at ~100M only (this CPU has no bf16 matrix units; a bf16 step at ~100M takes minutes).
+BF16_ROWS = ["logra_bf16_stochastic", "logra_bf16_kahan", "adamw_bf16_mixed", "adamw_bf16", "logra_bf16_chunked"]
+ROWS = [row for row in DESCRIPTION if row not in BF16_ROWS]
+# Rows whose loss runs through the chunked LM head (logra_lightning.rl.lm_head: the logits never
+# whole); the others use transformers' own loss over the whole logits.
+CHUNKED_LOSS = {"floor_chunked", "logra_chunked", "logra_bf16_chunked"}
+# Rows whose weights are not fp32: "bf16" = the model cast to bf16 (no fp32 copy anywhere),
+# "bf16-mixed" = fp32 weights with the forward under torch.autocast(bf16) (Lightning's bf16-mixed).
+PRECISION = {row: "bf16-mixed" if row == "adamw_bf16_mixed" else "bf16" for row in BF16_ROWS}
 
 
 def _lowrank_linear_params(model):
@@ -113,37 +90,17 @@ def make_optimizer(name: str, model, rank: int):
         )
     if name == "logra_fullgrad":
         return LoGRA(logra_param_groups(model, rank=rank, update_proj_gap=200), sketch_in_backward=False, **hp)
-    if name == "galore":
-        from galore_torch import GaLoreAdamW
-
+    if name in ("galore", "apollo"):  # low rank on attention/MLP matrices, the rest dense (their usual setup)
         lowrank, rest = _lowrank_linear_params(model)
-        return GaLoreAdamW(
-            [
-                {"params": rest},
-                {"params": lowrank, "rank": rank, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"},
-            ],
-            no_deprecation_warning=True,
-            **hp,
-        )
-    if name == "apollo":
+        group = {"params": lowrank, "rank": rank, "update_proj_gap": 200, "proj_type": "std"}
+        if name == "galore":
+            from galore_torch import GaLoreAdamW
+
+            return GaLoreAdamW([{"params": rest}, {**group, "scale": 0.25}], no_deprecation_warning=True, **hp)
         from apollo_torch import APOLLOAdamW
 
-        lowrank, rest = _lowrank_linear_params(model)
-        return APOLLOAdamW(
-            [
-                {"params": rest},
-                {
-                    "params": lowrank,
-                    "rank": rank,
-                    "proj": "random",
-                    "scale_type": "channel",
-                    "scale": 1,
-                    "update_proj_gap": 200,
-                    "proj_type": "std",
-                },
-            ],
-            **hp,
-        )
+        apollo = {"proj": "random", "scale_type": "channel", "scale": 1}
+        return APOLLOAdamW([{"params": rest}, {**group, **apollo}], **hp)
     if name == "adamw8bit_bnb":
         import bitsandbytes as bnb
 
