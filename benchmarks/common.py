@@ -171,6 +171,13 @@ def config_defaults(path: str | Path) -> dict[str, Any]:
     }
 
 
+def instantiate(spec: Any) -> Any:
+    """The object a config's ``{class_path, init_args}`` entry describes; anything else as the config gives it."""
+    from lightning.pytorch.cli import instantiate_class
+
+    return instantiate_class((), spec) if isinstance(spec, dict) and "class_path" in spec else spec
+
+
 def tb_scalars(log_dir: str | Path, tags: list[str] | None = None) -> dict[str, list[list[float]]]:
     """TensorBoard scalars of a run as ``{tag: [[step, value], ...]}`` (all tags when ``tags`` is None)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

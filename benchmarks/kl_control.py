@@ -5,16 +5,16 @@ then one 60-step demo run alone):
 
     .venv/bin/python -m benchmarks.kl_control
     .venv/bin/python -m benchmarks.kl_control --steps 100             # as `make bench` runs it
-    .venv/bin/python -m benchmarks.kl_control --lr 3e-5 --steps 300 --target-kl 1e-3 --seeds 0 1
+    .venv/bin/python -m benchmarks.kl_control --lr 3e-5 --steps 300 --seeds 0 1
     .venv/bin/python -m benchmarks.kl_control --quick          # 4 steps each, 64 held-out prompts (CI)
 
 The runs, each a real ``logra fit`` on the arithmetic RL task: ``default_lr`` (LoGRA at the demo's
-lr, no control), ``high_lr`` (``--lr-multiplier`` (10) x that lr, no control), ``high_lr_kl_control``
+lr, no control), ``high_lr`` (10x that lr, no control), ``high_lr_kl_control``
 (the same with the demo's ``KLStepControl``: ``target_kl`` T, ``min_scale``, ``sample_tokens``), one
 torch thread each, ``--jobs`` at a time, on the HF-engine LoGRA config (``--config``: rank,
 ``update_proj_gap``, task, budget) with the lr and control settings of the demo config
 (``--demo-config``); and ``demo_overhead``: the demo config as shipped (its control, vLLM engine,
-low-rank sync) for ``--overhead-steps`` steps alone, to time the control. Departures, so that the three
+low-rank sync) for 60 steps alone, to time the control. Departures, so that the three
 stability runs are measured alike:
 
 1. ``measure_every`` is 1 (the demo measures every 5th step), so every step has a realized KL.
@@ -26,7 +26,7 @@ measured steps with realized KL <= 1.5 T (target >= 95% with control), median |l
 prediction)| (target <= log 1.5). Accuracy per row is the mean over seeds: "no worse" means the
 controlled high-lr mean is at least the default-lr mean. Overhead: ``overhead_share =
 median(kl/control_seconds) / median(perf/step_seconds - kl/control_seconds)`` after the first
-``--overhead-warmup`` steps, target <= 5% (a timing: run it on a quiet machine). One results row per
+5 steps, target <= 5% (a timing: run it on a quiet machine). One results row per
 run (``high_lr/seed0``); the summary is :func:`accuracy_summary`.
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_callbacks, config_defaults, fit_metrics, logra_fit
 from benchmarks.harness import Benchmark, bench, flat, main, parallel
-from benchmarks.quality import QUICK, run_budget
+from benchmarks.quality import ONE_TORCH_THREAD, QUICK, run_budget
 from benchmarks.report import Col, clip, command_head, load_text, met, pct, table
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
@@ -50,6 +50,7 @@ TARGETS = {
     "overhead_share_max": 0.05,
 }
 OVERHEAD = {"steps": 60, "warmup": 5}  # --quick: QUICK["steps"] steps, no warm-up skipped
+LR_MULTIPLIER = 10.0  # the high lr over the default lr
 KEEP = (
     "val/accuracy",
     "kl/realized",
@@ -208,41 +209,30 @@ class KLControl(Benchmark):
             help="config with the default lr and the KLStepControl settings; the overhead run runs it",
         )
         ap.add_argument("--lr", type=float, default=None, help="the default lr (default: the demo config's LoGRA lr)")
-        ap.add_argument("--lr-multiplier", type=float, default=10.0)
-        ap.add_argument("--target-kl", type=float, default=None, help="default: the demo config's")
-        ap.add_argument("--min-scale", type=float, default=None, help="default: the demo config's")
-        ap.add_argument("--sample-tokens", type=int, default=None, help="default: the demo config's")
-        ap.add_argument("--measure-every", type=int, default=1, help="of the stability runs (the demo's is left as is)")
-        ap.add_argument("--overhead-steps", type=int, default=None, help=f"default {OVERHEAD['steps']}")
-        ap.add_argument(
-            "--overhead-warmup", type=int, default=None, help="first steps left out of the overhead medians"
-        )
 
     def settings(self, args) -> dict:
         base, demo = config_defaults(args.config), config_defaults(args.demo_config)
         logra = [c for c in (demo, base) if "LoGRA" in str(c["optimizer"]) and c["lr"]]
         lr = args.lr or (logra[0] if logra else base)["lr"]
         demo_control = control_init_args(args.demo_config)
-        overrides = {"target_kl": args.target_kl, "min_scale": args.min_scale, "sample_tokens": args.sample_tokens}
-        control = {**demo_control, **{k: v for k, v in overrides.items() if v is not None}}
-        control["measure_every"] = args.measure_every
-        warmup = args.overhead_warmup if args.overhead_warmup is not None else (0 if args.quick else OVERHEAD["warmup"])
+        control = {**demo_control, "measure_every": 1}  # departure 1
+        overhead = QUICK["steps"] if args.quick else OVERHEAD["steps"]
         return {
             "config": base["config"],
             "demo_config": demo["config"],
             "default_lr": lr,
-            "high_lr": lr * args.lr_multiplier,
-            "lr_multiplier": args.lr_multiplier,
+            "high_lr": lr * LR_MULTIPLIER,
+            "lr_multiplier": LR_MULTIPLIER,
             "target_kl": float(control["target_kl"]),
             "min_scale": float(control["min_scale"]),
             "sample_tokens": control["sample_tokens"],
-            "measure_every": args.measure_every,
+            "measure_every": control["measure_every"],
             **run_budget(args, base),
             "logra": {"rank": base["rank"] or 8, "update_proj_gap": base["update_proj_gap"] or 50},
             "control": control,
             "demo_control": demo_control,
-            "overhead_steps": args.overhead_steps or (QUICK["steps"] if args.quick else OVERHEAD["steps"]),
-            "overhead_warmup_steps": warmup,
+            "overhead_steps": overhead,
+            "overhead_warmup_steps": 0 if args.quick else OVERHEAD["warmup"],
             "targets": TARGETS,
         }
 
@@ -262,7 +252,7 @@ class KLControl(Benchmark):
         def stability_run(seed: int, row: str) -> dict:
             lr, callbacks = plan[row]
             optimizer = {"class_path": "logra_lightning.optim.LoGRA", "init_args": {"lr": lr, **st["logra"]}}
-            seeded = ["--seed_everything", str(seed), "--data.seed", str(seed), "--model.torch_threads", "1"]
+            seeded = ["--seed_everything", str(seed), "--data.seed", str(seed), *ONE_TORCH_THREAD]
             fit_args = [*budget_args(st["steps"], st["val_check_interval"], test_size), *seeded]
             res = logra_fit(
                 f"{row}_seed{seed}", args.config, fit_args, optimizer=optimizer, callbacks=callbacks, work_dir=work_dir

@@ -54,8 +54,10 @@ def row_callbacks(row: str) -> list[dict]:
 
 
 QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
+GALORE_RANK = 16
 JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_TORCH_THREAD = ("--model.torch_threads", "1")
 
 
 def run_budget(args, base: dict) -> dict:
@@ -75,15 +77,10 @@ def lora_lr(args, default: float) -> float:
     return args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else default)
 
 
-def find_logra_config(explicit: str | None) -> str | None:
-    """The LoGRA config whose lr/gap the LoGRA rows use (``None``: none in ``configs/``)."""
-    if explicit:
-        return explicit
-    for name in LOGRA_CONFIGS:
-        path = CONFIGS / name
-        if path.is_file() and "LoGRA" in str(config_defaults(path)["optimizer"]):
-            return str(path)
-    return None
+def logra_defaults() -> dict:
+    """The settings of the first config in :data:`LOGRA_CONFIGS` that trains with LoGRA (``{}``: none does)."""
+    found = (config_defaults(CONFIGS / name) for name in LOGRA_CONFIGS if (CONFIGS / name).is_file())
+    return next((c for c in found if "LoGRA" in str(c["optimizer"])), {})
 
 
 def lora_adapter(rank: int) -> dict:
@@ -101,32 +98,29 @@ def row_args(row: str) -> list[str]:
     return []
 
 
-def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float | None = None) -> dict[str, dict]:
+def adamw(lr: float) -> dict:
+    return {"class_path": "torch.optim.AdamW", "init_args": {"lr": lr, "weight_decay": 0.0}}
+
+
+def plan_rows(args, adamw_lr: float, logra_lr: float, gap: int, lora_lr: float | None) -> dict[str, dict]:
     """Row name -> the ``--model.optimizer`` value of that row (LoRA rows add :func:`row_args`)."""
-    rows = {"adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": adamw_lr, "weight_decay": 0.0}}}
+
+    def logra(rank: int, **extra) -> dict:
+        init = {"lr": logra_lr, "rank": rank, "update_proj_gap": gap, **extra}
+        return {"class_path": "logra_lightning.optim.LoGRA", "init_args": init}
+
+    rows = {"adamw": adamw(adamw_lr)}
     extra = json.loads(args.logra_args) if args.logra_args else {}
-    for r in args.ranks:
-        rows[f"logra_r{r}{args.row_suffix}"] = {
-            "class_path": "logra_lightning.optim.LoGRA",
-            "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap, **extra},
-        }
-    rows[f"galore_r{args.galore_rank}"] = {
+    rows |= {f"logra_r{r}{args.row_suffix}": logra(r, **extra) for r in args.ranks}
+    rows[f"galore_r{GALORE_RANK}"] = {
         "class_path": "benchmarks.galore_named.GaLoreAdamWNamed",
-        "init_args": {"lr": logra_lr, "rank": args.galore_rank, "update_proj_gap": gap, "scale": 1.0},
+        "init_args": {"lr": logra_lr, "rank": GALORE_RANK, "update_proj_gap": gap, "scale": 1.0},
     }
-    if getattr(args, "bf16", False):
+    if args.bf16:
         r = max([x for x in args.ranks if x <= 16] or [16])
-        for rule in ("nearest", "stochastic", "kahan"):
-            rows[f"logra_r{r}_bf16w_{rule}"] = {
-                "class_path": "logra_lightning.optim.LoGRA",
-                "init_args": {"lr": logra_lr, "rank": r, "update_proj_gap": gap},
-            }
-        rows["adamw_bf16w_nearest"] = {**rows["adamw"]}
-    for r in getattr(args, "lora_ranks", None) or []:
-        rows[f"lora_r{r}"] = {
-            "class_path": "torch.optim.AdamW",
-            "init_args": {"lr": lora_lr or adamw_lr, "weight_decay": 0.0},
-        }
+        rows |= {f"logra_r{r}_bf16w_{rule}": logra(r) for rule in ("nearest", "stochastic", "kahan")}
+        rows["adamw_bf16w_nearest"] = adamw(adamw_lr)
+    rows |= {f"lora_r{r}": adamw(lora_lr or adamw_lr) for r in args.lora_ranks}
     if args.rows:
         unknown = set(args.rows) - set(rows)
         if unknown:
@@ -249,11 +243,7 @@ class Quality(Benchmark):
     }
 
     def add_arguments(self, ap) -> None:
-        ap.add_argument(
-            "--logra-config", default=None, help="config whose LoGRA lr/update_proj_gap the low-rank rows use"
-        )
         ap.add_argument("--ranks", type=int, nargs="*", default=None, help="LoGRA ranks (default 4 8 16 32)")
-        ap.add_argument("--galore-rank", type=int, default=16)
         ap.add_argument(
             "--logra-args", default=None, help='extra LoGRA init_args as JSON, e.g. \'{"second_moment": "full"}\''
         )
@@ -265,17 +255,16 @@ class Quality(Benchmark):
         )
 
     def settings(self, args) -> dict:
-        base, logra_cfg = config_defaults(args.config), find_logra_config(args.logra_config)
-        logra = config_defaults(logra_cfg) if logra_cfg else None
+        base, logra = config_defaults(args.config), logra_defaults()
         args.ranks = args.ranks if args.ranks is not None else (QUICK["ranks"] if args.quick else [4, 8, 16, 32])
         args.lora_ranks = args.lora_ranks if args.lora_ranks is not None else ([8] if args.quick else [16, 8])
         adamw_lr = args.lr or base["lr"]
-        logra_lr = args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"])
-        gap = (logra or {}).get("update_proj_gap") or 50
+        logra_lr = args.lr or logra.get("lr") or base["lr"]
+        gap = logra.get("update_proj_gap") or 50
         rows = plan_rows(args, adamw_lr, logra_lr, gap, lora_lr(args, adamw_lr))
         return {
             "config": base["config"],
-            "logra_config": logra["config"] if logra else None,
+            "logra_config": logra.get("config"),
             **run_budget(args, base),
             "adamw_lr": adamw_lr,
             "logra_lr": logra_lr,
@@ -290,11 +279,7 @@ class Quality(Benchmark):
 
     def run(self, args, settings: dict) -> list[dict]:
         test_size = QUICK["test_size"] if args.quick else None
-        common = [
-            *budget_args(settings["steps"], settings["val_check_interval"], test_size),
-            "--model.torch_threads",
-            "1",
-        ]
+        common = [*budget_args(settings["steps"], settings["val_check_interval"], test_size), *ONE_TORCH_THREAD]
         plan = [(row, seed, opt) for seed in settings["seeds"] for row, opt in settings["optimizers"].items()]
         return parallel(lambda p: run_one(*p, args.config, common, Path(args.work_dir)), plan, settings["jobs"])
 

@@ -24,13 +24,12 @@ greedy held-out accuracy moved by 10+ points. Runs go one at a time (each uses b
 from __future__ import annotations
 
 import collections
-import importlib
 import json
 import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, config_callbacks
+from benchmarks.common import CONFIGS, config_callbacks, instantiate
 from benchmarks.harness import bench, flat, main
 from benchmarks.report import Col, table
 from benchmarks.rl_table import (
@@ -72,18 +71,6 @@ def config_path(task: str) -> Path:
     return CONFIGS / f"smollm2_{task}.yaml"
 
 
-def _load_yaml(path: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load(path.read_text())
-
-
-def _instance(spec: dict):
-    """The object a config's ``{class_path, init_args}`` entry describes."""
-    module, name = spec["class_path"].rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)(**spec.get("init_args", {}))
-
-
 # ------------------------------------------------------------------ base model's pass@k (a worker process)
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``c`` correct of ``n`` samples (Chen et al., 2021): ``1 - C(n-c, k) / C(n, k)``.
@@ -109,17 +96,19 @@ def majority_share(values: list[str]) -> tuple[str | None, float]:
 
 def measure_base(task: str, k: int, test_size: int | None, model: str | None, hf_engine: bool) -> dict:
     """The base policy on ``task``'s held-out set: greedy pass@1, sampled pass@1..k, majority baseline."""
+    import yaml
+
     from logra_lightning.builtin import resolve_model
     from logra_lightning.models import load_policy, load_tokenizer
     from logra_lightning.rollout import HFEngineSpec, SamplingConfig
 
-    cfg = _load_yaml(config_path(task))
+    cfg = yaml.safe_load(config_path(task).read_text())
     mcfg, val = cfg["model"], dict(cfg["data"]["val"])
     if test_size:
         val["init_args"] = {**val["init_args"], "test_size": test_size}
     path = resolve_model(model or mcfg["model"])
     tok = load_tokenizer(path)
-    source, reward = _instance(val), _instance(mcfg["reward"])
+    source, reward = instantiate(val), instantiate(mcfg["reward"])
     source.tokenizer = tok
     records = source.load()
     policy = None
@@ -127,7 +116,7 @@ def measure_base(task: str, k: int, test_size: int | None, model: str | None, hf
         policy, tok = load_policy(path)
         spec = HFEngineSpec()
     else:
-        spec = _instance(mcfg["engine"])
+        spec = instantiate(mcfg["engine"])
     start = time.perf_counter()
     engine = spec.build(path, policy, tok)
     try:

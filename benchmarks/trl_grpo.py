@@ -45,9 +45,9 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, proc_memory, rss_baseline
+from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, instantiate, proc_memory, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.quality import QUICK, find_logra_config, lora_adapter, lora_lr
+from benchmarks.quality import QUICK, adamw, logra_defaults, lora_adapter, lora_lr
 from benchmarks.report import Col, pct
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")
@@ -58,7 +58,6 @@ PHASES = ("perf/time/rollout", "perf/time/forward_backward", "perf/time/optimize
 def _task(s: dict) -> dict:
     """The config's model, problems, reward, evaluation engine, precision and threads, built as ``logra fit`` does."""
     import yaml
-    from lightning.pytorch.cli import instantiate_class
 
     from logra_lightning.builtin import resolve_model
     from logra_lightning.rewards.weighted import as_reward
@@ -66,19 +65,13 @@ def _task(s: dict) -> dict:
 
     cfg = yaml.safe_load(Path(s["config"]).read_text())
     model, data = cfg["model"], cfg["data"]
-
-    def build(spec):  # a class_path dict -> the object; anything else as the config gives it
-        return instantiate_class((), spec) if isinstance(spec, dict) and "class_path" in spec else spec
-
-    sources = []
-    for split in ("train", "val"):
-        spec = {**data[split], "init_args": {**data[split]["init_args"], "test_size": s["test_size"]}}
-        sources.append(build(spec))
+    sized = lambda split: {**split, "init_args": {**split["init_args"], "test_size": s["test_size"]}}  # noqa: E731
     return {
         "path": resolve_model(model["model"]),
-        "sources": sources,  # their prompts are rendered once the tokenizer is known (load())
-        "reward": as_reward(build(model.get("reward"))),
-        "engine": build(model.get("engine")) or HFEngineSpec(),
+        # their prompts are rendered once the tokenizer is known (load())
+        "sources": [instantiate(sized(data[split])) for split in ("train", "val")],
+        "reward": as_reward(instantiate(model.get("reward"))),
+        "engine": instantiate(model.get("engine")) or HFEngineSpec(),
         "bf16": str(cfg.get("trainer", {}).get("precision", "32")).startswith("bf16"),
         "threads": model.get("torch_threads") or 1,
     }
@@ -256,28 +249,23 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
 
 def settings(args) -> dict:
     """The run's settings, from the configs unless a flag overrides them."""
-    base = config_defaults(args.config)
-    logra_cfg = find_logra_config(args.logra_config)
-    logra = config_defaults(logra_cfg) if logra_cfg else None
+    base, logra = config_defaults(args.config), logra_defaults()
     lr = args.lr or base["lr"]
-    import yaml
-
-    test_size = yaml.safe_load(Path(args.config).read_text())["data"]["val"]["init_args"].get("test_size", 256)
     return {
         "config": args.config,
         "steps": args.steps or (QUICK_STEPS if args.quick else base["max_steps"]),
         "lr": lr,
-        "logra_lr": args.logra_lr or args.lr or (logra["lr"] if logra and logra["lr"] else base["lr"]),
-        "logra_rank": (logra or {}).get("rank") or 8,
-        "update_proj_gap": (logra or {}).get("update_proj_gap") or 50,
+        "logra_lr": args.logra_lr or args.lr or logra.get("lr") or base["lr"],
+        "logra_rank": logra.get("rank") or 8,
+        "update_proj_gap": logra.get("update_proj_gap") or 50,
         "batch_size": base["batch_size"],
         "group_size": base["group_size"],
         "max_new_tokens": base["max_new_tokens"],
         "temperature": base["temperature"],
-        "seed": args.seed,
+        "seed": 0,
         "lora_lr": lora_lr(args, lr),
         "lora_adapter": lora_adapter(16),
-        "test_size": QUICK["test_size"] if args.quick else test_size,
+        "test_size": QUICK["test_size"] if args.quick else (base["held_out_prompts"] or 256),
     }
 
 
@@ -296,12 +284,10 @@ class TrlGrpo(Benchmark):
     ]
 
     def add_arguments(self, ap) -> None:
-        ap.add_argument("--logra-config", default=None)
         ap.add_argument(
             "--logra-lr", type=float, default=None, help="lr of the LoGRA row (default: --lr, else the LoGRA config's)"
         )
         ap.add_argument("--lora-lr", type=float, default=None, help="lr of the LoRA rows (default: the LoRA config's)")
-        ap.add_argument("--seed", type=int, default=0)
 
     settings = staticmethod(settings)
 
@@ -310,24 +296,17 @@ class TrlGrpo(Benchmark):
 
     def measure(self, name: str, s: dict) -> dict:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        optimizers = {
-            "logra_adamw": {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lr"], "weight_decay": 0.0}},
-            "logra_logra": {
-                "class_path": "logra_lightning.optim.LoGRA",
-                "init_args": {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]},
-            },
+        logra = {"lr": s["logra_lr"], "rank": s["logra_rank"], "update_proj_gap": s["update_proj_gap"]}
+        rows = {
+            "trl_grpo": lambda: run_trl(s),
+            "logra_adamw": lambda: run_logra(s, adamw(s["lr"])),
+            "logra_logra": lambda: run_logra(s, {"class_path": "logra_lightning.optim.LoGRA", "init_args": logra}),
+            "logra_lora": lambda: run_logra(s, adamw(s["lora_lr"]), ["--model.adapter", json.dumps(s["lora_adapter"])]),
+            "trl_grpo_lora": lambda: run_trl(s, s["lora_adapter"]["init_args"]),
         }
-        lora = {"class_path": "torch.optim.AdamW", "init_args": {"lr": s["lora_lr"], "weight_decay": 0.0}}
-        if name == "trl_grpo":
-            out = run_trl(s)
-        elif name in optimizers:
-            out = run_logra(s, optimizers[name])
-        elif name == "logra_lora":
-            out = run_logra(s, lora, ["--model.adapter", json.dumps(s["lora_adapter"])])
-        elif name == "trl_grpo_lora":
-            out = run_trl(s, s["lora_adapter"]["init_args"])
-        else:
+        if name not in rows:
             raise ValueError(f"unknown row {name!r} (allowed: {', '.join(ROWS)})")
+        out = rows[name]()
         steady = out["step_seconds"][1:] or out["step_seconds"]
         return {
             **out,
