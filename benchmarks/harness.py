@@ -40,7 +40,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, ROOT, load_average, machine_info
+from benchmarks.common import RESULTS, ROOT, load_average, machine_info, pythonpath
 from benchmarks.report import command_head, table
 
 QUICK_RESULTS = ROOT / ".cache" / "bench_quick"  # git-ignored: quick runs check that a benchmark works
@@ -201,7 +201,6 @@ def run_worker(module: str, args: list[str], out: Path, *, env=None, timeout: fl
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", f"benchmarks.{module}", *args, "--worker-out", str(out)]
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     try:
         proc = subprocess.run(
             cmd,
@@ -209,7 +208,7 @@ def run_worker(module: str, args: list[str], out: Path, *, env=None, timeout: fl
             text=True,
             timeout=timeout,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
+            env={**os.environ, "PYTHONPATH": pythonpath(), **(env or {})},
         )
         why = f"worker exited {proc.returncode}: {proc.stderr[-2000:]}"
     except subprocess.TimeoutExpired:

@@ -38,9 +38,19 @@ import math
 import statistics
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_callbacks, config_defaults, fit_metrics, logra_fit
+from benchmarks.common import (
+    CONFIGS,
+    ONE_TORCH_THREAD,
+    WORK_DIR,
+    budget_args,
+    config_callbacks,
+    config_defaults,
+    fit_metrics,
+    logra_fit,
+    seed_args,
+)
 from benchmarks.harness import Benchmark, bench, flat, main, parallel
-from benchmarks.quality import ONE_TORCH_THREAD, QUICK, run_budget
+from benchmarks.quality import QUICK, run_budget
 from benchmarks.report import Col, clip, command_head, load_text, met, pct, table
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"
@@ -252,7 +262,7 @@ class KLControl(Benchmark):
         def stability_run(seed: int, row: str) -> dict:
             lr, callbacks = plan[row]
             optimizer = {"class_path": "logra_lightning.optim.LoGRA", "init_args": {"lr": lr, **st["logra"]}}
-            seeded = ["--seed_everything", str(seed), "--data.seed", str(seed), *ONE_TORCH_THREAD]
+            seeded = [*seed_args(seed), *ONE_TORCH_THREAD]
             fit_args = [*budget_args(st["steps"], st["val_check_interval"], test_size), *seeded]
             res = logra_fit(
                 f"{row}_seed{seed}", args.config, fit_args, optimizer=optimizer, callbacks=callbacks, work_dir=work_dir

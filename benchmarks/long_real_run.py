@@ -41,7 +41,6 @@ Definitions:
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import subprocess
@@ -52,7 +51,7 @@ from typing import NamedTuple
 
 import yaml
 
-from benchmarks.common import CONFIGS, ROOT, run_logged
+from benchmarks.common import CONFIGS, ROOT, fit_env, run_logged
 from benchmarks.harness import QUICK_RESULTS, Benchmark, bench, flat, main
 from benchmarks.kl_control import control_init_args
 from benchmarks.report import OPS, Col, pct
@@ -306,12 +305,7 @@ class LongRealRun(Benchmark):
         if not settings["report_only"] and steps_reached(read_run(run_dir, list(READ))[0]) < spec["steps"]:
             cmd = fit_command(ROWS[name], work, spec["steps"])
             log = run_dir / f"fit_{time.strftime('%Y%m%d_%H%M%S')}.log"
-            env = {
-                "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-                "LOGRA_CACHE_DIR": os.environ.get("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra")),
-                "TOKENIZERS_PARALLELISM": "false",
-            }
-            rc = run_logged(cmd, log, env=env)["rc"]
+            rc = run_logged(cmd, log, env=fit_env())["rc"]
             spec.setdefault("commands", []).append(" ".join(cmd[1:]))
             error = None if rc == 0 else f"logra fit exited {rc} (log: {log})"
         curves, sittings = read_run(run_dir, list(READ))

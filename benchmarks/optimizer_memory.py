@@ -40,7 +40,7 @@ import json
 import statistics
 import time
 
-from benchmarks.common import proc_memory, qwen2, random_tokens, reset_peak_rss, rss_baseline, shape_config
+from benchmarks.common import peak_rss, qwen2, random_tokens, reset_peak_rss, rss_baseline, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.optimizer_rows import (
     BF16_ROWS,
@@ -149,7 +149,7 @@ def worker(name: str, size: str, run: dict) -> dict:
     walls, cpus, opt_walls, warm_peak, grads_after_backward = [], [], [], 0, None
     for i, ids in enumerate(data):
         if i == run["warmup"]:
-            warm_peak = proc_memory()["VmHWM"]
+            warm_peak = peak_rss()
             reset_peak_rss()
         t0, c0 = time.perf_counter(), time.process_time()
         with autocast:
@@ -173,7 +173,7 @@ def worker(name: str, size: str, run: dict) -> dict:
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         opt_walls.append(time.perf_counter() - t1)
-    steady_hwm, w = proc_memory()["VmHWM"], run["warmup"]
+    steady_hwm, w = peak_rss(), run["warmup"]
     counters = ("lost_updates", "low_precision_updates")
     return {
         "size": size,

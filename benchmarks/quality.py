@@ -33,7 +33,17 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, budget_args, config_defaults, fit_metrics, logra_fit
+from benchmarks.common import (
+    CONFIGS,
+    ONE_THREAD,
+    ONE_TORCH_THREAD,
+    WORK_DIR,
+    budget_args,
+    config_defaults,
+    fit_metrics,
+    logra_fit,
+    seed_args,
+)
 from benchmarks.harness import Benchmark, bench, main, parallel
 from benchmarks.report import Col, command_head, num, table
 from benchmarks.rl_table import stats
@@ -56,8 +66,6 @@ def row_callbacks(row: str) -> list[dict]:
 QUICK = dict(steps=4, val_every=2, seeds=[0], ranks=[8, 16], test_size=64, jobs=1)
 GALORE_RANK = 16
 JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-ONE_TORCH_THREAD = ("--model.torch_threads", "1")
 
 
 def run_budget(args, base: dict) -> dict:
@@ -181,7 +189,7 @@ def run_one(row: str, seed: int, optimizer: dict, config: str, common: list[str]
     res = logra_fit(
         name,
         config,
-        [*common, "--seed_everything", str(seed), "--data.seed", str(seed), *row_args(row)],
+        [*common, *seed_args(seed), *row_args(row)],
         optimizer=optimizer,
         callbacks=row_callbacks(row),
         work_dir=work_dir,

@@ -36,6 +36,7 @@ from benchmarks.rl_table import (
     COLS,
     MISSING,
     PAPER_REDUCTION,
+    QUICK_FIT_ARGS,
     RANK,
     RLTable,
     config_sha,
@@ -57,8 +58,7 @@ SWEEP_LRS = {"adamw": [1e-6, 3e-6, 1e-5, 3e-5], "logra": [1e-5, 3e-5, 1e-4], "lo
 FULL = dict(steps=20, sweep_steps=10, sweep_lrs=None, seeds=[0, 1], later_seed_tasks=[TASKS[0]], jobs=1, test_size=None)
 QUICK = dict(steps=2, sweep_steps=1, sweep_lrs=1, seeds=[0], later_seed_tasks=None, jobs=1, test_size=8)
 # A random tiny policy rarely ends a completion, and a step whose completions are all cut is skipped and sampled again
-QUICK["fit_args"] = ["--model.engine", "logra_lightning.rollout.HFEngineSpec", "--model.max_new_tokens", "8"]
-QUICK["fit_args"] += ["--model.group_size", "4", "--model.torch_threads", "1", "--data.batch_size", "2"]
+QUICK["fit_args"] = [*QUICK_FIT_ARGS, "--model.group_size", "4", "--model.torch_threads", "1", "--data.batch_size", "2"]
 QUICK["fit_args"] += ["--model.max_consecutive_skips", "100"]
 PASS_K = {"full": 8, "quick": 2}
 SWEEP_DATA_SEED = 1  # the sweep's problems (and so its validation set) come from another draw than the table's

@@ -39,7 +39,7 @@ import resource
 import time
 import traceback
 
-from benchmarks.common import ROOT, proc_memory, qwen2, rss_baseline
+from benchmarks.common import ROOT, peak_rss, qwen2, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, load, main, out_path
 from benchmarks.report import MB, Col, command_head, met, num, table
 
@@ -182,7 +182,7 @@ def rl_worker(row: str, run: dict) -> dict:
             opt = None
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
-        phases[phase] = proc_memory()["VmHWM"] - base
+        phases[phase] = peak_rss() - base
         times = {}
         for phase in ("pi_old", "forward_backward", "optimizer"):
             t0 = time.perf_counter()
@@ -203,14 +203,14 @@ def rl_worker(row: str, run: dict) -> dict:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             times[phase] = round(time.perf_counter() - t0, 1)
-            phases[phase] = proc_memory()["VmHWM"] - base
+            phases[phase] = peak_rss() - base
             print(f"{row}: {phase} peak {phases[phase] / GiB:.2f} GiB after {times[phase]} s", flush=True)
         out.update(fits=True, seconds=times)
     except (RuntimeError, MemoryError) as e:  # an allocation past RLIMIT_DATA
         out.update(fits=False, failed_phase=phase, fit_error=f"{type(e).__name__}: {e}"[:400])
         out["traceback_tail"] = traceback.format_exc()[-1200:]
     out["phase_peak_bytes"] = phases
-    out["train_peak_bytes"] = proc_memory()["VmHWM"] - base
+    out["train_peak_bytes"] = peak_rss() - base
     out["wall_seconds"] = round(time.perf_counter() - start, 1)
     return out
 

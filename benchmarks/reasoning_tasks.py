@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.common import CONFIGS
+from benchmarks.common import CONFIGS, ONE_THREAD, ONE_TORCH_THREAD
 from benchmarks.harness import bench, main
 from benchmarks.report import Col, table
-from benchmarks.rl_table import COLS, PAPER_REDUCTION, RLTable, command_line, pm, rl_gain, task_bars
+from benchmarks.rl_table import COLS, PAPER_REDUCTION, QUICK_FIT_ARGS, RLTable, command_line, pm, rl_gain, task_bars
 
 SWEEP_LRS = {"adamw": [1e-5, 3e-5, 1e-4], "logra": [1e-5, 3e-5, 1e-4], "lora": [1e-4, 3e-4, 1e-3]}
 # Sized to the 2-core machine: a sweep run takes 90-108 s and a main run 175-252 s, about 40 min in all. The lrs
@@ -30,7 +30,7 @@ SWEEP_LRS = {"adamw": [1e-5, 3e-5, 1e-4], "logra": [1e-5, 3e-5, 1e-4], "lora": [
 # 50% to 25% / 6% within 8 steps.
 FULL = dict(steps=20, sweep_steps=8, sweep_lrs=3, seeds=[0, 1], later_seed_tasks=None, jobs=2, test_size=None)
 QUICK = dict(steps=2, sweep_steps=1, sweep_lrs=1, seeds=[0], later_seed_tasks=None, jobs=2, test_size=16)
-QUICK["fit_args"] = ["--model.engine", "logra_lightning.rollout.HFEngineSpec", "--model.max_new_tokens", "8"]
+QUICK["fit_args"] = QUICK_FIT_ARGS
 TABLE = [
     *(COLS[k] for k in ("task", "row", "before", "after", "peak", "train", "train_vs")),
     Col("peak RSS vs AdamW, % lower", lambda e: pm(e.get("peak_rss_bytes_reduction_vs_adamw"), 100)),
@@ -66,8 +66,7 @@ class ReasoningTasks(RLTable):
     sweep_lrs, full, quick = SWEEP_LRS, FULL, QUICK
     model = "builtin:reasoning-20m"
     sweep_test_size = 16
-    fit_args = ("--model.torch_threads", "1")
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    fit_args, env = ONE_TORCH_THREAD, ONE_THREAD
 
     def config(self, task: str) -> Path:
         return CONFIGS / f"reasoning_{task}.yaml"

@@ -30,7 +30,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.common import WORK_DIR, logra_fit, tb_scalars
+from benchmarks.common import WORK_DIR, held_out_args, logra_fit, seed_args, tb_scalars
 from benchmarks.harness import Benchmark, flat, load, out_path, parallel
 from benchmarks.report import Col, bars
 
@@ -46,6 +46,7 @@ MEMORY_KEYS = ("peak_rss_bytes", "train_memory_bytes", "state_bytes")
 # a unit's identity.
 EXECUTION_ONLY = ("micro_batch_size", "max_tokens_per_micro_batch", "optimizer")
 MISSING = "missing: not run yet"
+QUICK_FIT_ARGS = ("--model.engine", "logra_lightning.rollout.HFEngineSpec", "--model.max_new_tokens", "8")
 
 
 def row_args(row: str, lr: float) -> list[str]:
@@ -259,8 +260,6 @@ class RLTable(Benchmark):
     def add_arguments(self, ap) -> None:
         ap.add_argument("--tasks", nargs="*", default=list(self.tasks), help=f"subset of {self.tasks}")
         ap.add_argument("--later-seed-tasks", nargs="*", default=None, help="tasks that run the seeds after the first")
-        ap.add_argument("--sweep-steps", type=int, default=None, help=f"default {self.full['sweep_steps']}")
-        ap.add_argument("--sweep-task", default=None, help=f"task of the lr sweep (default {self.tasks[0]})")
         ap.add_argument("--lr", nargs="*", default=None, help="ROW=LR: skip the sweep for that row, e.g. adamw=1e-5")
         ap.add_argument("--model", default=None, help="policy of every run instead of the configs'")
         ap.add_argument("--test-size", type=int, default=None, help="held-out prompts per task (default: the configs')")
@@ -294,8 +293,8 @@ class RLTable(Benchmark):
             "rank": RANK,
             "held_out_prompts": args.test_size or mode["test_size"],
             "sweep": {
-                "task": args.sweep_task or args.tasks[0],
-                "steps": args.sweep_steps or mode["sweep_steps"],
+                "task": args.tasks[0],
+                "steps": mode["sweep_steps"],
                 "seed": 0,
                 "data_seed": self.sweep_data_seed,
                 "fixed": fixed,
@@ -310,7 +309,7 @@ class RLTable(Benchmark):
         out = [*self.fit_args, *(self.quick["fit_args"] if args.quick else [])]
         out += ["--model.model", settings["model"]] if settings["model"] != self.model else []
         if n := settings["held_out_prompts"]:
-            out += ["--data.train.init_args.test_size", str(n), "--data.val.init_args.test_size", str(n)]
+            out += held_out_args(n)
         return out
 
     def run(self, args, settings: dict) -> list[dict]:
@@ -322,7 +321,7 @@ class RLTable(Benchmark):
         extra = tuple(self.extra(args, st))
         sweep_extra = extra
         if n := self.sweep_test_size:
-            sweep_extra += ("--data.train.init_args.test_size", str(n), "--data.val.init_args.test_size", str(n))
+            sweep_extra += tuple(held_out_args(n))
         if self.sweep_data_seed is not None:
             seed = str(self.sweep_data_seed)
             sweep_extra += ("--data.train.init_args.seed", seed, "--data.val.init_args.seed", seed)
@@ -374,9 +373,8 @@ class RLTable(Benchmark):
     def fit(self, u: Unit, work_dir: Path) -> dict:
         """Run one unit; its results row (a finished one also written to its log directory)."""
         log_dir = u.log_dir(work_dir)
-        seeds = ["--seed_everything", str(u.seed), "--data.seed", str(u.seed)]
         budget = ["--trainer.max_steps", str(u.steps), "--trainer.val_check_interval", str(u.steps)]
-        args = [*budget, *seeds, *u.extra, *row_args(u.row, u.lr)]
+        args = [*budget, *seed_args(u.seed), *u.extra, *row_args(u.row, u.lr)]
         callbacks = self.callbacks(u.task)
         res = logra_fit(
             log_dir.parent.name,

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,9 +45,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from benchmarks.common import CONFIGS, ROOT, WORK_DIR, config_callbacks, config_defaults
+from benchmarks.common import CONFIGS, WORK_DIR, config_callbacks, config_defaults, pythonpath, run_logged
 from benchmarks.harness import Benchmark, bench, main
 from benchmarks.report import load_text, met, num, rows_table
+from benchmarks.run_curves import slope_per_100
 from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 
 MB = 1 << 20
@@ -124,17 +124,6 @@ def read_samples(path: Path) -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
-def slope_per_100(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of ``(step, MB)`` points, in MB per 100 steps."""
-    if len(points) < 2:
-        return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    var = sum((x - mx) ** 2 for x, _ in points)
-    return None if var == 0 else 100 * sum((x - mx) * (y - my) for x, y in points) / var
-
-
 def summarize(samples: list[dict], steps: int) -> dict[str, Any]:
     """The summary the issue asks for, plus where the memory was at a few steps."""
     if not samples:
@@ -145,6 +134,11 @@ def summarize(samples: list[dict], steps: int) -> dict[str, Any]:
     first_of_second = second[0] if second else None
     drifts = [r["drift_max"] for r in samples if r["drift_max"] is not None]
     kls = [r["kl_realized"] for r in samples if r["kl_realized"] is not None]
+
+    def slope(who: str) -> float | None:  # least squares over the second half, MB per 100 steps
+        points = [(r["step"], r[f"{who}_rss_mb"]) for r in second]
+        return slope_per_100([points] if points else [], scale=1.0)
+
     at = {}
     for s in sorted({1, 50, 100, 200, half, steps}):
         row = next((r for r in samples if r["step"] >= s), None)
@@ -152,8 +146,8 @@ def summarize(samples: list[dict], steps: int) -> dict[str, Any]:
             at[str(row["step"])] = {"trainer": row["trainer_rss_mb"], "engine": row["engine_rss_mb"]}
     return {
         "steps": samples[-1]["step"],
-        "trainer_rss_slope_mb_per_100": slope_per_100([(r["step"], r["trainer_rss_mb"]) for r in second]),
-        "engine_rss_slope_mb_per_100": slope_per_100([(r["step"], r["engine_rss_mb"]) for r in second]),
+        "trainer_rss_slope_mb_per_100": slope("trainer"),
+        "engine_rss_slope_mb_per_100": slope("engine"),
         "max_drift": max(drifts) if drifts else None,
         "mean_drift": sum(r["drift_mean"] for r in samples if r["drift_mean"] is not None) / max(1, len(drifts)),
         "skipped": samples[-1]["skipped_steps"],
@@ -180,23 +174,9 @@ def fit_command(config: str, steps: int, work_dir: Path, samples: Path, segment:
         "init_args": {"every_n_train_steps": CHECKPOINT_EVERY, "save_last": True, "save_top_k": 0},
     }
     callbacks = [*config_callbacks(config), probe, ckpt]
-    cmd = [
-        sys.executable,
-        "-m",
-        "logra_lightning",
-        "fit",
-        "--config",
-        str(config),
-        "--trainer.max_steps",
-        str(steps),
-        "--trainer.logger.init_args.save_dir",
-        str(work_dir),
-        "--trainer.logger.init_args.name",
-        "soak",
-        "--trainer.callbacks",
-        json.dumps(callbacks),
-    ]
-    return cmd + (["--ckpt_path", "last"] if resume else [])
+    cmd = [sys.executable, "-m", "logra_lightning", "fit", "--config", str(config), "--trainer.max_steps", str(steps)]
+    cmd += ["--trainer.logger.init_args.save_dir", str(work_dir), "--trainer.logger.init_args.name", "soak"]
+    return cmd + ["--trainer.callbacks", json.dumps(callbacks)] + (["--ckpt_path", "last"] if resume else [])
 
 
 @bench(
@@ -229,11 +209,8 @@ class Soak(Benchmark):
         previous = read_samples(samples_path)
         segment = previous[-1]["segment"] + 1 if previous else 0
         cmd = fit_command(args.config, args.steps, work, samples_path, segment, resume=bool(previous))
-        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false"}
-        work.mkdir(parents=True, exist_ok=True)
-        with open(work / f"segment{segment}.log", "w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+        env = {"PYTHONPATH": pythonpath(), "TOKENIZERS_PARALLELISM": "false"}
+        rc = run_logged(cmd, work / f"segment{segment}.log", env=env)["rc"]
         settings.update(fit_command=" ".join(cmd[1:]), returncode=rc)
         self.samples = read_samples(samples_path)
         error = None if rc == 0 else f"logra fit exited {rc} (log: {work / f'segment{segment}.log'})"

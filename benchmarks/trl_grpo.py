@@ -45,7 +45,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, instantiate, proc_memory, rss_baseline
+from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, instantiate, peak_rss, rss_baseline
 from benchmarks.harness import Benchmark, bench, flat, main
 from benchmarks.quality import QUICK, adamw, logra_defaults, lora_adapter, lora_lr
 from benchmarks.report import Col, pct
@@ -192,7 +192,7 @@ def run_trl(s: dict, lora: dict | None = None) -> dict:
     t0 = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - t0
-    peak = proc_memory()["VmHWM"]  # training's peak, before the evaluation engine is built
+    peak = peak_rss()  # training's peak, before the evaluation engine is built
     acc_after = _accuracy(task, trainer.model, tok, s)
     rewards = [[h["step"], h["reward"]] for h in trainer.state.log_history if "reward" in h]
     return {
@@ -213,12 +213,12 @@ def run_logra(s: dict, optimizer: dict, extra: list[str] = ()) -> dict:
     import lightning  # noqa: F401  (imports before the baseline, as for TRL)
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
-    from benchmarks.common import budget_args, config_callbacks, fit_argv, tb_scalars
+    from benchmarks.common import budget_args, config_callbacks, fit_argv, seed_args, tb_scalars
     from logra_lightning.cli import run as logra_run
 
     _task(s)  # builds and caches the model outside the measurement
     name = f"trl_compare_{optimizer['class_path'].rsplit('.', 1)[-1]}{'_lora' if extra else ''}"
-    seeds = ["--seed_everything", str(s["seed"]), "--data.seed", str(s["seed"]), *extra]
+    seeds = [*seed_args(s["seed"]), *extra]
     args = [*budget_args(s["steps"], s["steps"], s["test_size"]), "--trainer.enable_progress_bar", "false", *seeds]
     log_dir = WORK_DIR / name / "version_0"
     shutil.rmtree(log_dir, ignore_errors=True)  # a rerun's TensorBoard scalars must not mix with an earlier run's
@@ -310,7 +310,7 @@ class TrlGrpo(Benchmark):
         steady = out["step_seconds"][1:] or out["step_seconds"]
         return {
             **out,
-            "peak_bytes": out.get("peak_rss_bytes", proc_memory()["VmHWM"]) - out["rss_before_model_bytes"],
+            "peak_bytes": out.get("peak_rss_bytes", peak_rss()) - out["rss_before_model_bytes"],
             "step_seconds_median": statistics.median(steady) if steady else None,
         }
 
