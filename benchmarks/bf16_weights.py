@@ -5,8 +5,8 @@ updates alive when the weights have bf16 precision. The weights stay fp32 tensor
 bf16-representable values, and forward/backward run in fp32: this isolates the rounding of the
 update (the question of issue 18) from bf16 activations, and runs at fp32 speed. Real bf16
 weights (``trainer.precision: bf16-true``) take the same path inside LoGRA
-(:mod:`logra_lightning.optim.rounding`, ``bf16_update=``), but on this CPU, which has no bf16
-matrix units, a step took 44.6 s against 5.8 s in fp32 under the same load.
+(:mod:`logra_lightning.optim.rounding`, ``bf16_update=``), many times slower on a CPU without bf16
+matrix units.
 
 Per batch: the weights before the optimizer step (bf16 values) are ``w``; after it, ``w + Δ``
 in fp32; the callback replaces that by ``add_<rule>(w, Δ)`` of the rounding module, keeping a

@@ -16,9 +16,9 @@ The whole table is hours of compute on 2 cores, so it is built one unit at a tim
 
 Choosing the lr: the sweep runs draw their problems with another data seed (:data:`SWEEP_DATA_SEED`), so their
 held-out set is a *validation* set, not the table's test set, and the lr with the highest validation accuracy
-after the sweep run is taken (ties: the higher mean training reward over the second half of the steps). The
-training reward alone was too noisy to choose by here: sampled at temperature 1 it stayed at 0-15% while the
-greedy held-out accuracy moved by 10+ points. Runs go one at a time (each uses both cores).
+after the sweep run is taken (ties: the higher mean training reward over the second half of the steps): the
+training reward, sampled at temperature 1, is too noisy to choose by here. Runs go one at a time (each uses both
+cores).
 """
 
 from __future__ import annotations

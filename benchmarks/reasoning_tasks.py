@@ -25,9 +25,8 @@ from benchmarks.report import Col, table
 from benchmarks.rl_table import COLS, PAPER_REDUCTION, QUICK_FIT_ARGS, RLTable, command_line, pm, rl_gain, task_bars
 
 SWEEP_LRS = {"adamw": [1e-5, 3e-5, 1e-4], "logra": [1e-5, 3e-5, 1e-4], "lora": [1e-4, 3e-4, 1e-3]}
-# Sized to the 2-core machine: a sweep run takes 90-108 s and a main run 175-252 s, about 40 min in all. The lrs
-# are low because higher ones hurt here: AdamW at 1e-4 / 3e-4 took held-out accuracy on the 16 sweep prompts from
-# 50% to 25% / 6% within 8 steps.
+# Sized to the 2-core machine (about 40 min in all); the lrs are low because higher ones lowered held-out accuracy on
+# the sweep prompts (docs/results.md).
 FULL = dict(steps=20, sweep_steps=8, sweep_lrs=3, seeds=[0, 1], later_seed_tasks=None, jobs=2, test_size=None)
 QUICK = dict(steps=2, sweep_steps=1, sweep_lrs=1, seeds=[0], later_seed_tasks=None, jobs=2, test_size=16)
 QUICK["fit_args"] = QUICK_FIT_ARGS

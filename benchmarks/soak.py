@@ -25,11 +25,8 @@ Summary (``benchmarks/results/soak.json``):
 * ``skipped``: steps skipped by the fault policy (target 0); plus the growth before the second
   half and the RSS at a few steps.
 
-Two things grew in the vLLM worker and are now held (docs/results.md has the runs, recorded in
-``soak_300_onednn_cache_{default,64}.json`` and ``soak_1100_no_trim.json``): oneDNN's kernel cache,
-JIT-compiled per batch-token count and bounded by starting the engine with
-``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64``; and freed heap that glibc kept after each sync, handed back by
-``malloc_trim`` in the ``"logra"`` backend's ``finish_weight_update``.
+The variants ``soak_300_onednn_cache_{default,64}`` and ``soak_1100_no_trim`` are runs without the engine's
+bounded oneDNN kernel cache and without its heap trim after each sync (docs/results.md reads them).
 """
 
 from __future__ import annotations
