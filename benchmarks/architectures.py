@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import ROOT, engine_drift
-from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.report import Col, command_head, met, table
+from benchmarks.harness import Benchmark, bench, main
+from benchmarks.report import Col, met
 
+DRIFT_LIMIT = 1e-4  # max |engine - trainer| logprob after the low-rank syncs (fp32)
 TIED = {"gemma3", "qwen3"}  # tied input/output embeddings (like Gemma 3 and small Qwen3); the rest untied
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5="]
 
@@ -129,6 +130,20 @@ def run_arch(arch: str, workdir: str | Path, steps: int = 4, lr: float = 3e-3, r
 
 @bench("architectures", title="Every architecture: low-rank sync into vLLM", full=[], quick=[])
 class Architectures(Benchmark):
+    columns = [
+        Col("family", "name"),
+        Col("HF / vLLM class", lambda r: f"`{r['hf_class']}`"),
+        Col("embeddings", lambda r: "tied" if r["tied_embeddings"] else "untied"),
+        Col(
+            "LoGRA matrices / dense params",
+            lambda r: f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
+        ),
+        Col("drift max", lambda r: f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= DRIFT_LIMIT)})"),
+        Col("low-rank sync bytes / full", "lowrank_sync_share", ".3f"),
+        Col("max relative weight change", "relative_weight_change_max", ".3f"),
+        Col("s", "seconds", ".0f"),
+    ]
+
     def add_arguments(self, ap) -> None:
         from logra_lightning.models.architectures import ARCHITECTURES
 
@@ -140,7 +155,7 @@ class Architectures(Benchmark):
         if args.quick:  # one family, 2 steps: a smoke run
             args.only, args.steps = ["phi3"], 2
         self.workdir = args.workdir
-        return {"drift_limit": 1e-4, "steps": args.steps}
+        return {"drift_limit": DRIFT_LIMIT, "steps": args.steps}
 
     def row_names(self, args, settings: dict) -> list[str]:
         import torch
@@ -151,30 +166,14 @@ class Architectures(Benchmark):
     def measure(self, name: str, settings: dict) -> dict:
         return run_arch(name, self.workdir, steps=settings["steps"])
 
-    def section(self, res: dict) -> list[str]:
-        """One row per model family: engine-vs-trainer drift after low-rank syncs, bytes per sync."""
-        rows, limit = [flat(r) for r in res["rows"]], res["settings"]["drift_limit"]
-        steps = next((r["steps"] for r in rows if r["ok"]), "?")
-        cols = [
-            Col("family", "name"),
-            Col("HF / vLLM class", lambda r: f"`{r['hf_class']}`"),
-            Col("embeddings", lambda r: "tied" if r["tied_embeddings"] else "untied"),
-            Col(
-                "LoGRA matrices / dense params",
-                lambda r: f"{r['lowrank_params']} ({r['lowrank_3d_params']} 3-D) / {r['dense_params']}",
-            ),
-            Col("drift max", lambda r: f"**{r['drift_max']:.1e}** ({met(r['drift_max'] <= limit)})"),
-            Col("low-rank sync bytes / full", "lowrank_sync_share", ".3f"),
-            Col("max relative weight change", "relative_weight_change_max", ".3f"),
-            Col("s", "seconds", ".0f"),
-        ]
-        head = (
-            command_head(res) + f" Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
+    def describe(self, res: dict) -> str:
+        steps = next((r["metrics"]["steps"] for r in res["rows"] if r["ok"]), "?")
+        return (
+            "Per family: a tiny random-init model (2 layers, hidden 128, head dim 64, fp32), "
             f"{steps} GRPO steps with LoGRA (rank 8) and a vLLM CPU engine (fp32) kept in sync by one full sync, "
             "then a low-rank sync after every step. Drift: max |engine - trainer| logprob of sampled tokens after the "
-            f"low-rank syncs (limit {limit:g})."
+            f"low-rank syncs (limit {res['settings']['drift_limit']:g})."
         )
-        return [head, "", *table(rows, cols), ""]
 
 
 if __name__ == "__main__":

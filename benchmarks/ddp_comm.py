@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 
 from benchmarks.common import peak_rss, qwen2, shape_config
 from benchmarks.harness import Benchmark, bench, flat, main, row
-from benchmarks.report import Col, load_text, num, table
+from benchmarks.report import Col, load_text, table
 
 ROWS = ("adamw_ddp", "logra_plain_ddp", "logra_sketch_allreduce")
 RANK, GAP, OVERSAMPLE = 64, 200, 8
@@ -187,19 +187,19 @@ class DdpComm(Benchmark):
         dense = rows["adamw_ddp"]["per_step_avg_bytes"]
         cols = [
             Col("row", "name"),
-            Col("MB/step", "plain_step_bytes", MB2),
-            Col("MB on a refresh step", "refresh_step_bytes", MB2),
-            Col("MB/step (avg over gap)", "per_step_avg_bytes", MB2),
+            Col("MB/step", "plain_step_bytes", "mb2"),
+            Col("MB on a refresh step", "refresh_step_bytes", "mb2"),
+            Col("MB/step (avg over gap)", "per_step_avg_bytes", "mb2"),
             Col("× dense DDP", lambda r: r["per_step_avg_bytes"] / dense, ".3f"),
-            Col("DDP bucket MB", "ddp_bucket_bytes", MB2),
+            Col("DDP bucket MB", "ddp_bucket_bytes", "mb2"),
             Col("peak RSS MB (rank 0)", "peak_rss_bytes", "mb0"),
             Col("replicas identical", lambda r: "yes" if r["replicas_identical"] else "**no**"),
         ]
         proj = [{"name": n, **p} for n, p in res["summary"]["projected"].items()]
         proj_cols = [
             Col("model", "name"),
-            Col("dense DDP GB", "dense_ddp", GB2),
-            Col("LoGRA sketch all-reduce GB", "logra_per_step_avg", GB2),
+            Col("dense DDP GB", "dense_ddp", "gb2"),
+            Col("LoGRA sketch all-reduce GB", "logra_per_step_avg", "gb2"),
             Col("ratio", lambda p: p["logra_per_step_avg"] / p["dense_ddp"], ".3f"),
         ]
         return [
@@ -226,14 +226,6 @@ class DdpComm(Benchmark):
             "bytes all-reduced per step of dense DDP, replicas bit-identical "
             "([table](#ddp-bytes-all-reduced-per-step))."
         ]
-
-
-def MB2(x: float) -> str:
-    return num(x / 1e6)
-
-
-def GB2(x: float) -> str:
-    return num(x / 1e9)
 
 
 if __name__ == "__main__":

@@ -77,16 +77,7 @@ GiB = 2**30
 # and MKL's buffer cache is off, so RSS follows live tensor bytes (what the planner models, like
 # torch.cuda.max_memory_allocated); with the default allocators freed heap chunks stay resident.
 LIVE_BYTES = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
-TINY = dict(  # the runtime's warm-up step
-    vocab_size=64,
-    hidden_size=32,
-    num_hidden_layers=2,
-    intermediate_size=64,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=16,
-    tie_word_embeddings=True,
-)
+TINY = {**QUICK_SHAPE, "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "max_position_embeddings": 16}
 
 
 def _spec(row: str, run: dict) -> dict:

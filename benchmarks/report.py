@@ -42,6 +42,8 @@ FORMATS: dict[str, Callable[[Any], str]] = {
     "pct2": lambda x: pct(x, 2),
     "mb0": lambda x: num(None if x is None else x / MB, ".0f"),
     "mb1": lambda x: num(None if x is None else x / MB, ".1f"),
+    "mb2": lambda x: num(None if x is None else x / MB, ".2f"),
+    "gb2": lambda x: num(None if x is None else x / GB, ".2f"),
     "gb3": lambda x: num(None if x is None else x / GB, ".3f"),
     "load": load_text,
     "g": lambda x: "–" if x is None else f"{x:g}",
