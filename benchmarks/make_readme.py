@@ -74,6 +74,8 @@ def build(quick: bool, results: Path, readme: Path) -> str:
     found = {f: r for e in entries.values() for f in (e.name, *e.variants) if (r := load(f, results))}
     body = []
     for name, e in entries.items():
+        if quick and e.quick is None:  # no smoke run writes it (an archived result, a second full run's file)
+            continue
         body += [f"## {e.title}", ""]
         if name not in found:
             body += [f"_Not measured yet._ Run `{_command(e, quick)}`.", ""]
