@@ -24,9 +24,6 @@ live-bytes peak of a real-shape RL step as LoGRA is now.
 ``server_engine``: the demo with its engine in a ``logra serve`` process, the server killed and restarted
 mid-run (the trainer waited, re-synced and went on), and on- vs off-policy throughput. The restart is a test now
 (``tests/test_vllm_server.py``); docs/server_engine.md reads the run.
-
-``step_speed``: the real model's training phase (forward, backward, LoGRA's step) with one speed setting added
-per row, from the settings ``configs/smollm2_chain_sum.yaml`` had before to those it ships; docs/speed.md reads it.
 """
 
 from __future__ import annotations
@@ -222,33 +219,3 @@ class ServerEngine(Archived):
             *table(throughput, THROUGHPUT),
             "",
         ]
-
-
-SPEED = [
-    Col("setting (each row adds one)", "name"),
-    Col("forward+backward s", "forward_backward_seconds", ".2f"),
-    Col("with optimizer step s", "step_seconds", ".2f"),
-    Col("speed-up", lambda r: f"{r['base'] / r['step_seconds']:.2f}×"),
-    Col("peak RSS MB", "peak_rss_bytes", "mb0"),
-    Col("model TFLOP/s", "model_tflops_per_second", ".3f"),
-    Col("MFU (peak in the row's dtype)", "mfu", "pct"),
-    Col("first step s", "first_step_seconds", ".1f"),
-]
-
-
-@bench("step_speed", title="The RL step's training phase, setting by setting", quick=None)
-class StepSpeed(Archived):
-    script, commit = "benchmarks/step_speed.py", "2ac2186"
-
-    def section(self, res: dict) -> list[str]:
-        """One row per setting added: forward+backward and step seconds, speed-up over the first row, RSS, MFU."""
-        s, rows = res["settings"], [flat(r) for r in res["rows"]]
-        rows = [{**r, "base": rows[0]["step_seconds"]} for r in rows]
-        head = (
-            f"{self.source()} {command_head(res)} `{s['model']}`, {s['sequences']} sequences of {s['prompt_tokens']} "
-        )
-        head += f"+ {s['completion_tokens']} tokens, LoGRA r{s['rank']}, {s['threads']} threads, medians of steps 3-"
-        head += (
-            f"{s['steps']}. The whole RL step on the shipped config, with rollout, sync and KL control: docs/speed.md."
-        )
-        return [head, "", *table(rows, SPEED), ""]
