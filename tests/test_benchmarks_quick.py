@@ -209,3 +209,15 @@ def test_every_committed_result_plots() -> None:
                 plt.close(fig)
     main = {"optimizer_memory", "quality", "kl_control", "sync_cost", "trl_grpo", "reasoning_tasks", "soak"}
     assert main | {"real_model_tasks"} <= set(drawn)
+
+
+def test_plots_only_draws_the_named_benchmarks_figures(tmp_path) -> None:
+    from benchmarks import plots
+
+    for name in ("soak", "soak_1100_no_trim", "sync_cost"):
+        (tmp_path / f"{name}.json").write_text((RESULTS / f"{name}.json").read_text())
+    written = plots.main(["--results", str(tmp_path), "--only", "soak"])
+    assert sorted(p.name for p in written) == ["soak.png", "soak_1100_no_trim.png"]  # the variant too
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["soak.png", "soak_1100_no_trim.png"]
+    with pytest.raises(SystemExit, match="unknown --only"):
+        plots.main(["--only", "nope"])
