@@ -61,13 +61,20 @@ def steps_reached(curves: dict[str, list]) -> int:
     return 1 + curves["perf/step_seconds"][-1][0] if curves.get("perf/step_seconds") else 0
 
 
-def by_sitting(points: list, sittings: list[dict], from_step: float) -> list[list]:
-    """``points`` at steps >= ``from_step``, grouped by the sitting that logged them."""
+def by_sitting(points: list, sittings: list[dict], from_step: float, warmup: int = 0) -> list[list]:
+    """``points`` at steps >= ``from_step``, grouped by the sitting that logged them, leaving out each sitting's
+    first ``warmup`` steps.
+
+    >>> sittings = [{"first_step": 0}, {"first_step": 10}]
+    >>> by_sitting([(s, 0.0) for s in range(0, 20, 2)], sittings, from_step=4, warmup=3)
+    [[(4, 0.0), (6, 0.0), (8, 0.0)], [(14, 0.0), (16, 0.0), (18, 0.0)]]
+    """
     starts = [s["first_step"] for s in sittings if s["first_step"] is not None]
     groups: dict[int, list] = {}
     for step, value in points:
-        if step >= from_step:
-            groups.setdefault(sum(start <= step for start in starts), []).append((step, value))
+        k = sum(start <= step for start in starts)  # the sitting that logged it (1-based)
+        if step >= from_step and (k == 0 or step >= starts[k - 1] + warmup):
+            groups.setdefault(k, []).append((step, value))
     return [groups[k] for k in sorted(groups)]
 
 

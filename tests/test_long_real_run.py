@@ -60,7 +60,7 @@ def test_rss_slope_takes_the_second_half_with_one_intercept_per_sitting(tmp_path
     # float32 storage rounds each value by <= 6e-8 x 1.5 GB = 1e-4 MB; over steps 5-15 apart that moves the slope
     # by < 0.01 MB per 100 steps
     assert slope_per_100(groups) == pytest.approx(2.0, abs=0.01)
-    metrics = lrr.row_metrics(curves, sittings, target_kl=3e-4, baseline=None)
+    metrics = lrr.row_metrics(curves, sittings, target_kl=3e-4, baseline=None, warmup=0)
     assert metrics["steps_reached"] == 40 and metrics["trainer_rss_slope_mb_per_100"] == pytest.approx(2.0, abs=0.01)
     assert metrics["engine_rss_slope_mb_per_100"] is None  # the tag is not in these logs
     pooled = slope_per_100([groups[0] + groups[1]])  # the naive fit sees the restart as a fall
@@ -77,6 +77,17 @@ def test_realized_kl_share_within_2x_counts_both_edges() -> None:
 def test_skipped_steps_count_rises_of_the_cumulative_counter_and_a_restarted_counter() -> None:
     counter = [[0, 0.0], [1, 1.0], [2, 1.0], [3, 3.0], [4, 0.0], [5, 1.0]]  # step 4: a sitting whose counter began at 0
     assert rises(counter) == [1, 3, 3, 5]
+
+
+def test_rss_slope_leaves_out_each_sittings_warm_up(tmp_path: Path) -> None:
+    # a resumed process's RSS rises 30 MB over its first 10 steps, then stays flat: growth of a fresh process, no leak
+    rss = [(s, 1.40) for s in range(0, 100)] + [(s, 1.40 + 0.003 * min(s - 100, 10)) for s in range(100, 200)]
+    _write(tmp_path, 0, {lrr.TRAINER_RSS: rss[:100], "perf/step_seconds": [(s, 1.0) for s in range(100)]})
+    _write(tmp_path, 1, {lrr.TRAINER_RSS: rss[100:], "perf/step_seconds": [(s, 1.0) for s in range(100, 200)]})
+    curves, sittings = read_run(tmp_path)
+    metrics = lrr.row_metrics(curves, sittings, target_kl=3e-4, baseline=None, warmup=10)
+    assert metrics["trainer_rss_slope_mb_per_100"] == pytest.approx(0.0, abs=0.01)
+    assert metrics["trainer_rss_slope_mb_per_100_with_warmup"] > 5.0  # the rise read as growth
 
 
 def _logra_metrics(**over) -> dict:
@@ -115,9 +126,17 @@ def test_checks_against_adamw_compare_common_evaluations_and_memory_per_step() -
     assert (
         acc["value"] == pytest.approx(-3.0) and acc["status"] == "fail" and "over the 1 evaluations" in acc["compares"]
     )
-    assert checks["best_vs_adamw"]["value"] == pytest.approx(-3.0)
+    assert checks["best_vs_adamw"]["value"] == pytest.approx(-3.0)  # AdamW's 20% at step 99: LoGRA did not run there
     # training memory = step peak - 0.5 GB: step 0 (2.0 - 0.5) / (3.5 - 0.5) = 0.5, step 1 (2.1 - 0.5) / 2.5 = 0.64
     assert checks["memory_vs_adamw"]["value"] == pytest.approx(0.64) and checks["memory_vs_adamw"]["status"] == "fail"
+
+
+def test_best_against_adamw_waits_for_an_evaluation_after_step_0() -> None:
+    adamw = _logra_metrics(accuracy_best=0.05)
+    adamw["series"] = {"val/accuracy": [[0, 0.05]]}  # AdamW's run has only its base evaluation yet
+    rows = {"logra": _logra_metrics(), "adamw": adamw}
+    checks = {c["check"]: c for c in lrr.done_when(rows, {"targets": lrr.TARGETS})}
+    assert checks["best_vs_adamw"]["status"] == "not measured"
 
 
 def test_fit_command_resumes_only_a_run_with_a_checkpoint(tmp_path: Path) -> None:
