@@ -26,8 +26,8 @@ nothing with both capped. A microbenchmark (three bf16 linears of SmolLM2's widt
 steps with token counts drawn from 800 values):
 1,263 MB of RSS uncapped, 602 MB with oneDNN's cache at 64, 318 MB with both, 260 MB with one token count.
 :func:`bound_kernel_caches` caps both at 64 (the vLLM engine's processes too:
-:mod:`logra_lightning.rollout.vllm.engine` choice 5); they take effect only before the process's first primitive,
-so :class:`~logra_lightning.rl.PolicyGradientModule` calls it when built.
+:mod:`logra_lightning.rollout.vllm.engine` choice 5); each cache reads its capacity at its first primitive, so
+:class:`~logra_lightning.rl.PolicyGradientModule` calls it when built, and the environment is left as it was.
 
 The peak is the kernel's high-water mark ``VmHWM``, which Linux (>= 4.0) resets when ``5`` is written
 to ``/proc/self/clear_refs``; psutil reads the resident size but has no resettable peak.
@@ -49,6 +49,7 @@ import os
 import re
 
 import psutil
+import torch
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,11 +129,28 @@ CPU_KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACIT
 
 
 def bound_kernel_caches() -> list[str]:
-    """Cap the CPU matmul-primitive caches (:data:`CPU_KERNEL_CACHES`), each unless set; returns those it set.
+    """Cap this process's CPU matmul-primitive caches (:data:`CPU_KERNEL_CACHES`), each unless set; returns those it
+    capped.
 
-    Each is read once, at the process's first primitive: call it before any bf16 matmul on CPU. Processes
-    started later (vLLM's) inherit them.
+    Each cache reads its capacity from the environment once, when the process (ideep's: the thread) builds its
+    first primitive. So the values are put in ``os.environ`` only while one bf16 linear's forward and backward
+    builds those primitives here, then the environment is left as it was. Call it before any other bf16 matmul
+    on CPU; for processes started later (vLLM's) pass :data:`CPU_KERNEL_CACHES` in their environment.
+
+    Example::
+
+        >>> import os
+        >>> before = dict(os.environ); _ = bound_kernel_caches(); dict(os.environ) == before
+        True
     """
     unset = [k for k in CPU_KERNEL_CACHES if k not in os.environ]
-    os.environ.update({k: CPU_KERNEL_CACHES[k] for k in unset})
+    try:
+        os.environ.update({k: CPU_KERNEL_CACHES[k] for k in unset})
+        x = torch.ones(64, 64, requires_grad=True)  # small matmuls skip oneDNN
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.nn.functional.linear(x, x)
+        y.float().sum().backward()
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
     return unset
