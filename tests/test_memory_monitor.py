@@ -153,6 +153,13 @@ def test_kernel_caches_are_bounded_unless_the_user_set_them_and_the_environment_
     assert dict(os.environ) == before
 
 
+def test_kernel_caches_are_bounded_under_no_grad_and_inference_mode(monkeypatch):
+    for context in (torch.no_grad, torch.inference_mode):
+        monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+        with context():
+            assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in bound_kernel_caches()
+
+
 def test_refuses_trainer_without_logger():
     trainer = L.Trainer(
         accelerator="cpu",

@@ -144,12 +144,16 @@ def bound_kernel_caches() -> list[str]:
         True
     """
     unset = [k for k in CPU_KERNEL_CACHES if k not in os.environ]
+    if not unset:
+        return unset
     try:
         os.environ.update({k: CPU_KERNEL_CACHES[k] for k in unset})
-        x = torch.ones(64, 64, requires_grad=True)  # small matmuls skip oneDNN
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = torch.nn.functional.linear(x, x)
-        y.float().sum().backward()
+        # backward builds its own primitives; a caller's no_grad or inference_mode would skip them
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.ones(64, 64, requires_grad=True)  # small matmuls skip oneDNN
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = torch.nn.functional.linear(x, x)
+            y.float().sum().backward()
     finally:
         for k in unset:
             os.environ.pop(k, None)
