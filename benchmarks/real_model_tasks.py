@@ -42,6 +42,7 @@ from benchmarks.rl_table import (
     config_sha,
     finished,
     is_missing,
+    lr_lines,
     pick_lrs,
     task_bars,
 )
@@ -412,16 +413,8 @@ class RealModelTasks(RLTable):
     def section(self, res: dict) -> list[str]:
         """The base model, the per-task table with the row averages, the targets and the collapsed tasks."""
         st, summ, rows = res["settings"], res["summary"], [flat(r) for r in res["rows"]]
-        waiting = {m.split("/")[2] for m in summ["missing"] if m.startswith("sweep/")}
-        lrs = ", ".join(
-            f"{row} {lr:g}" + (" (best so far; sweep not finished)" if row in waiting else "")
-            for row, lr in summ["lrs"].items()
-            if lr is not None
-        )
-        scores = "; ".join(
-            f"{row}: " + ", ".join(f"{lr} → {100 * v:.1f}%" for lr, v in s["validation_accuracy"].items())
-            for row, s in summ["sweep"].items()
-        )
+        data_seed = f"validation accuracy after the run on problems of data seed {st['sweep'].get('data_seed', 1)}"
+        lrs, pending = lr_lines(res, "validation_accuracy", lambda v: f"{100 * v:.1f}%", data_seed)
         later = st.get("later_seed_tasks") and len(st["seeds"]) > 1
         seeds = (
             f" (seeds after the first on {', '.join(st['later_seed_tasks'])} only: the whole grid twice does not "
@@ -434,10 +427,7 @@ class RealModelTasks(RLTable):
         out = [
             f"Policy: **{st['weights']}** (`{st['model']}`). Tasks: reasoning-gym {tasks}; the full `logra fit` loop "
             f"with the vLLM engine, {st['steps']} RL steps per run, seeds {st['seeds']}{seeds}, LoGRA/LoRA rank "
-            f"{st['rank']}. "
-            f"lr per row: {lrs or '–'} (sweep on {st['sweep']['task']}, {st['sweep']['steps']} steps, seed 0, "
-            f"validation accuracy after the run on problems of data seed {st['sweep'].get('data_seed', 1)}: "
-            f"{scores or 'not swept'}).",
+            f"{st['rank']}. {lrs}",
             "",
             "Command: `python -m benchmarks.real_model_tasks --reuse` (every missing unit, one at a time; `--max-runs "
             f"1` runs one per call; {recorded} runs recorded"
@@ -445,7 +435,7 @@ class RealModelTasks(RLTable):
             + f"). This file last written by `{res['envelope']['command']}`.",
             "",
         ]
-        out += [line for row, why in st.get("pending", {}).items() for line in (f"Row `{row}`: {why}.", "")]
+        out += pending
         if summ["base"]:
             base = table(list(summ["base"].values()), BASE)
             base[0] = base[0].replace("pass@k", f"pass@{st['pass_k']}")
@@ -493,31 +483,42 @@ class RealModelTasks(RLTable):
         ]
 
     def headline(self, results: dict[str, dict]) -> list[str]:
+        """The headline bullet: accuracy before and after RL per row, LoGRA's memory against AdamW's."""
         res = results.get("real_model_tasks")
-        return headline(res["summary"], res["settings"]["steps"]) if res else []
+        got, steps = (res["summary"], res["settings"]["steps"]) if res else ({}, 0)
+        rows = compared_rows(got) if "rows" in got else {}
+        if "adamw" not in rows or "logra" not in rows:
+            return []
+        collapsed = got.get("collapsed_tasks", [])
+        a, lo = rows["adamw"], rows["logra"]
+        mb = lo["training_memory_mb"]
+        tasks = [t for t in got["tasks"] if t not in collapsed]
+        left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""
+        lora = rows["lora"] if "lora" in rows and "lora" not in off_baseline(rows) else None
+        return [
+            f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {steps} RL steps, vLLM): "
+            f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%"
+            + (f", LoRA r{RANK} {lora['acc_after']:.1f}% ({lora['training_memory_mb']:.0f} MB)" if lora else "")
+            + f"; LoGRA's training memory {mb:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
+            f"({100 * (1 - mb / a['training_memory_mb']):.1f}% lower; "
+            f"paper {100 * PAPER_REDUCTION:.1f}%)" + ("" if got.get("complete") else " (table not complete yet)") + "."
+        ]
 
     def plot(self, res: dict, plt):
-        return plot(res, plt)
-
-
-def headline(got: dict, steps: int) -> list[str]:
-    """The headline bullet from a summary: accuracy before and after RL per row, LoGRA's memory against AdamW's."""
-    rows = compared_rows(got) if "rows" in got else {}
-    if "adamw" not in rows or "logra" not in rows:
-        return []
-    collapsed = got.get("collapsed_tasks", [])
-    a, lo = rows["adamw"], rows["logra"]
-    tasks = [t for t in got["tasks"] if t not in collapsed]
-    left_out = f", {', '.join(collapsed)} left out: a row there learned one constant answer" if collapsed else ""
-    lora = rows["lora"] if "lora" in rows and "lora" not in off_baseline(rows) else None
-    return [
-        f"- Real pretrained LLM ({MODEL}, reasoning-gym {', '.join(tasks)}{left_out}, {steps} RL steps, vLLM): "
-        f"held-out accuracy {a['acc_before']:.1f}% → AdamW {a['acc_after']:.1f}%, LoGRA {lo['acc_after']:.1f}%"
-        + (f", LoRA r{RANK} {lora['acc_after']:.1f}% ({lora['training_memory_mb']:.0f} MB)" if lora else "")
-        + f"; LoGRA's training memory {lo['training_memory_mb']:.0f} MB vs AdamW's {a['training_memory_mb']:.0f} MB "
-        f"({100 * (1 - lo['training_memory_mb'] / a['training_memory_mb']):.1f}% lower; "
-        f"paper {100 * PAPER_REDUCTION:.1f}%)" + ("" if got.get("complete") else " (table not complete yet)") + "."
-    ]
+        """Held-out accuracy after RL (and before, and the base model's pass@k) and training memory per task and row."""
+        st, base = res["settings"], res["summary"].get("base", {})
+        ran = sorted({r["metrics"]["seed"] for r in res["rows"] if "/seed" in r["name"] and r["ok"]})
+        panels = [
+            ("accuracy_after", 100, "held-out greedy accuracy after RL (%)"),
+            ("train_memory_bytes", 1e-6, "training memory (MB): trainer peak RSS - RSS before the model"),
+        ]
+        title = f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}"
+        fig, axes = task_bars(res, plt, panels, title)
+        tasks = list(res["summary"]["per_task"])
+        passk = [100 * base[t]["sampled_pass_at"].get(str(base[t]["k"]), 0) if t in base else 0 for t in tasks]
+        axes[0].scatter(range(len(tasks)), passk, marker="x", color="k", label=f"base pass@{st['pass_k']}")
+        axes[0].legend(fontsize=7)
+        return fig
 
 
 def table_summary(runs: list[dict], rows: list[str], tasks: list[str]) -> dict:
@@ -535,23 +536,6 @@ def table_summary(runs: list[dict], rows: list[str], tasks: list[str]) -> dict:
         "rows_excluding_collapsed": by_row(kept),
         "targets": _targets(kept),
     }
-
-
-def plot(res: dict, plt):
-    """Held-out accuracy after RL (and before, and the base model's pass@k) and training memory per task and row."""
-    st, base = res["settings"], res["summary"].get("base", {})
-    ran = sorted({r["metrics"]["seed"] for r in res["rows"] if "/seed" in r["name"] and r["ok"]})
-    panels = [
-        ("accuracy_after", 100, "held-out greedy accuracy after RL (%)"),
-        ("train_memory_bytes", 1e-6, "training memory (MB): trainer peak RSS - RSS before the model"),
-    ]
-    title = f"{st['weights']}: {st['steps']} RL steps, seeds run {ran} of {st['seeds']}"
-    fig, axes = task_bars(res, plt, panels, title)
-    tasks = list(res["summary"]["per_task"])
-    passk = [100 * base[t]["sampled_pass_at"].get(str(base[t]["k"]), 0) if t in base else 0 for t in tasks]
-    axes[0].scatter(range(len(tasks)), passk, marker="x", color="k", label=f"base pass@{st['pass_k']}")
-    axes[0].legend(fontsize=7)
-    return fig
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.common import CONFIGS, ONE_THREAD, ONE_TORCH_THREAD
 from benchmarks.harness import bench, main
 from benchmarks.report import Col, table
-from benchmarks.rl_table import COLS, PAPER_REDUCTION, QUICK_FIT_ARGS, RLTable, command_line, pm, rl_gain, task_bars
+from benchmarks.rl_table import COLS, PAPER_REDUCTION, QUICK_FIT_ARGS, RLTable, lr_lines, pm, rl_gain, task_bars
 
 SWEEP_LRS = {"adamw": [1e-5, 3e-5, 1e-4], "logra": [1e-5, 3e-5, 1e-4], "lora": [1e-4, 3e-4, 1e-3]}
 # Sized to the 2-core machine (about 40 min in all); the lrs are low because higher ones lowered held-out accuracy on
@@ -51,6 +51,15 @@ AVERAGE = [  # the task averages under the same header
     TABLE[9],
     BLANK,
 ]
+
+
+def command_line(res: dict) -> str:
+    """``Command: `...` — N min, load at start A, at end B`` (1-minute loads)."""
+    e = res["envelope"]
+    return (
+        f"Command: `{e['command']}` — {e['wall_seconds'] / 60:.0f} min, load at start {e['load_start']['1m']:.1f}, "
+        f"at end {e['load_end']['1m']:.1f}"
+    )
 
 
 @bench(
@@ -82,18 +91,13 @@ class ReasoningTasks(RLTable):
     def section(self, res: dict) -> list[str]:
         """The per-task table with the task averages, what RL itself did, and the paper's number."""
         st, summ = res["settings"], res["summary"]
-        lrs = ", ".join(f"{row} {lr:g}" for row, lr in summ["lrs"].items() if lr is not None)
-        scores = "; ".join(
-            f"{row}: " + ", ".join(f"{lr} → {v:.3f}" for lr, v in s["late_reward"].items())
-            for row, s in summ["sweep"].items()
-        )
+        lrs, pending = lr_lines(res, "late_reward", lambda v: f"{v:.3f}", "late training reward")
         out = [
             command_line(res) + f"; {st['steps']} RL steps per run, seeds {st['seeds']}, {st['jobs']} runs at a time "
-            f"(1 torch thread each), LoGRA/LoRA rank {st['rank']}. lr per row: {lrs} (sweep on {st['sweep']['task']}, "
-            f"{st['sweep']['steps']} steps, seed 0, late training reward: {scores or 'not swept'}).",
+            f"(1 torch thread each), LoGRA/LoRA rank {st['rank']}. {lrs}",
             "",
+            *pending,
         ]
-        out += [line for row, why in st.get("pending", {}).items() for line in (f"Row `{row}`: {why}.", "")]
         rows = [{"task": t, "row": row, **e} for t, per_row in summ["per_task"].items() for row, e in per_row.items()]
         average = [{"row": row, **a} for row, a in summ["average"].items()]
         lines = table(rows, TABLE) + table(average, AVERAGE)[2:]

@@ -465,10 +465,20 @@ def restore_units(results: Path, work_dir: Path) -> int:
     return restored
 
 
-def command_line(res: dict) -> str:
-    """``Command: `...` — N min, load at start A, at end B`` (1-minute loads)."""
-    e = res["envelope"]
-    return (
-        f"Command: `{e['command']}` — {e['wall_seconds'] / 60:.0f} min, load at start {e['load_start']['1m']:.1f}, "
-        f"at end {e['load_end']['1m']:.1f}"
+def lr_lines(res: dict, score: str, fmt, criterion: str) -> tuple[str, list[str]]:
+    """The lr sentence of a table's section (each row's lr and the sweep's ``score`` per lr, ``fmt`` formatting one),
+    and a line per pending row."""
+    st, summ = res["settings"], res["summary"]
+    waiting = {m.split("/")[2] for m in summ["missing"] if m.startswith("sweep/")}
+    lrs = ", ".join(
+        f"{row} {lr:g}" + (" (best so far; sweep not finished)" if row in waiting else "")
+        for row, lr in summ["lrs"].items()
+        if lr is not None
     )
+    scores = "; ".join(
+        f"{row}: " + ", ".join(f"{lr} → {fmt(v)}" for lr, v in s[score].items()) for row, s in summ["sweep"].items()
+    )
+    sw = st["sweep"]
+    text = f"lr per row: {lrs or '–'} (sweep on {sw['task']}, {sw['steps']} steps, seed 0, {criterion}: "
+    pending = [line for row, why in st.get("pending", {}).items() for line in (f"Row `{row}`: {why}.", "")]
+    return text + f"{scores or 'not swept'}).", pending

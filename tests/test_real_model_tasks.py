@@ -152,7 +152,11 @@ def test_the_headline_names_lora_only_when_it_ran_on_the_same_tasks() -> None:
     both = ["basic_arithmetic", "chain_sum"]
     got = {"tasks": both, "complete": False, "collapsed_tasks": []}
     rows = {"adamw": row(30.0, 3000, both), "logra": row(31.0, 1200, both), "lora": row(33.0, 1800, both[:1])}
-    line = rmt.headline({**got, "rows": rows}, steps=20)[0]
+
+    def headline(got: dict) -> list[str]:
+        return rmt.RealModelTasks._instance.headline({"real_model_tasks": {"summary": got, "settings": {"steps": 20}}})
+
+    line = headline({**got, "rows": rows})[0]
     assert "AdamW 30.0%, LoGRA 31.0%;" in line and "LoRA" not in line and "60.0% lower" in line
     rows["lora"] = row(33.0, 1800, both)
-    assert "LoRA r16 33.0% (1800 MB)" in rmt.headline({**got, "rows": rows}, steps=20)[0]
+    assert "LoRA r16 33.0% (1800 MB)" in headline({**got, "rows": rows})[0]
