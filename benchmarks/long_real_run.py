@@ -307,10 +307,13 @@ class LongRealRun(Benchmark):
             write_example_logs(work)
         mb = 500.0 if args.quick else args.rss_before_model_mb  # quick: a round baseline for synthetic memory
         settings["rss_before_model_bytes"] = rss_before_model() if mb is None else round(mb * 1e6)
-        return [self.row(name, settings, work) for name in args.rows]
+        rows = [self.row(name, settings, work) for name in args.rows]
+        settings["not_run"] = [name for name, r in zip(args.rows, rows) if r is None]
+        return [r for r in rows if r is not None]
 
-    def row(self, name: str, settings: dict, work: Path) -> dict:
-        """Row ``name``: its run continued up to its steps (unless ``report_only``), then read."""
+    def row(self, name: str, settings: dict, work: Path) -> dict | None:
+        """Row ``name``: its run continued up to its steps (unless ``report_only``), then read; ``None`` when it has
+        no logs and nothing failed (a row not run yet is not a measurement)."""
         spec, error = settings["rows"][name], None
         run_dir = work / spec["run"]
         if not settings["report_only"] and steps_reached(read_run(run_dir, list(READ))[0]) < spec["steps"]:
@@ -320,9 +323,10 @@ class LongRealRun(Benchmark):
             spec.setdefault("commands", []).append(" ".join(cmd[1:]))
             error = None if rc == 0 else f"logra fit exited {rc} (log: {log})"
         curves, sittings = read_run(run_dir, list(READ))
+        if not curves and error is None:
+            return None
         if not curves:
-            error = error or f"no event files in {run_dir}/version_*"
-            return {"name": name, "ok": False, "error": error, "metrics": {}}
+            return {"name": name, "ok": False, "error": f"{error}; no event files in {run_dir}", "metrics": {}}
         target = control_init_args(ROOT / spec["config"])["target_kl"]
         metrics = row_metrics(curves, sittings, target, settings["rss_before_model_bytes"])
         return {"name": name, "ok": error is None, "error": error, "metrics": {"run_dir": str(run_dir), **metrics}}
@@ -337,7 +341,7 @@ class LongRealRun(Benchmark):
             "SmolLM2-135M-Instruct on chain_sum (`configs/smollm2_long*.yaml`), each row stitched from its sittings; "
             f"issue 41's checks: {n['pass']} pass, {n['fail']} fail, {n['not measured']} not measured "
             "(`summary.checks`)."
-        )
+        ) + (f" Not run yet: {', '.join(not_run)}." if (not_run := res["settings"].get("not_run")) else "")
 
     def plot(self, res: dict, plt):
         """:data:`PANELS` against the step, one colour per row; a dotted line where a row's sitting resumed."""

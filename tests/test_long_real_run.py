@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,13 @@ def test_report_only_reads_every_row_and_writes_the_schema(tmp_path: Path) -> No
     fig = lrr.LongRealRun._instance.plot(res, plt)
     assert all(ax.has_data() for ax in fig.axes)
     plt.close(fig)
+
+
+def test_a_row_not_run_yet_is_named_not_failed(tmp_path: Path) -> None:
+    lrr.write_example_logs(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "runs" / lrr.run_name(lrr.ROWS["lora"]))
+    argv = ["--report-only", "--work-dir", str(tmp_path / "runs"), "--rss-before-model-mb", "500"]
+    res = harness.main(lrr.LongRealRun, [*argv, "--out", str(tmp_path / "r.json")])
+    assert "lora" not in [r["name"] for r in res["rows"]] and res["settings"]["not_run"] == ["lora"]
+    assert lrr.LongRealRun._instance.describe(res).endswith("Not run yet: lora.")
+    assert not any("failed" in line for line in lrr.LongRealRun._instance.section(res))
