@@ -27,9 +27,11 @@ on ``Optimizer.register_step_post_hook``, so a module may take several steps per
 the callback talks to one interface, :func:`~logra_lightning.optim.two_phase.two_phase`
 (``prepare_update`` / ``update_max_abs`` / ``perturb_`` / ``set_step_scale``), with one
 control sequence: base logits → ``prepare_update()`` → ``eps`` from ``update_max_abs()``
-→ ``perturb_(eps)`` → probe logits → ``K`` → ``set_step_scale(eta)``. W is not moved back
-after the probe: the step takes it from ``W0 + eps * Δ`` to ``W0 + eta * Δ`` (both adapters
-track where ``perturb_`` left it), which saves one pass over the weights.
+→ ``perturb_(eps)`` → probe logits → ``K`` → ``set_step_scale(eta)`` (``probe="jvp"``:
+``prepare_update()`` → one pass along ``update_delta`` → ``K`` → ``set_step_scale(eta)``).
+W is not moved back after the probe: the step takes it from ``W0 + eps * Δ`` to
+``W0 + eta * Δ`` (both adapters track where ``perturb_`` left it), which saves one pass over
+the weights.
 Where the candidate Δ exists decides when it runs:
 
 - **LoGRA** (natively two-phase) holds Δ before its ``step()``, so the sequence runs in
@@ -41,22 +43,17 @@ Where the candidate Δ exists decides when it runs:
   in the step's post-hook and ends with ``W = old + eta * Δ``. Extra memory: **one copy of
   the params being trained**, held from just before the step to just after it.
 
-Both paths cost two extra forward passes (base, probe) on ``sample_tokens`` tokens per
+Both paths cost two extra fp32 forward passes (base, probe) on ``sample_tokens`` tokens per
 step, plus one (realized) on measured steps; logits are held as two ``[N, V]`` tensors
 (``N=256``, ``V=152k`` in fp32: 0.3 GB), so lower ``sample_tokens`` for large vocabularies.
+``probe="jvp"`` predicts from one forward-mode pass in the trainer's precision instead
+(:mod:`~logra_lightning.kl.jvp`; the module's ``kl_probe_jvp``, the optimizer's ``update_delta``);
+measured steps add the two fp32 passes of the realized KL.
 
 Choices, in more detail than docs/design.md §4:
 
-1. **Calibration rule.** On a measured step with raw prediction ``P = eta**2 * K`` and
-   realized KL ``R``, ``x = log(R / P)`` enters a bias-corrected EMA (rate
-   ``calibration_rate``, like Adam's first moment, so the first measurement is taken whole),
-   and ``calibration = exp(ema)`` clamped to ``calibration_bounds``. Steps whose raw
-   prediction is below ``1e-3 * target_kl`` (too small to say anything about the regime the
-   control acts in) or whose ``R`` or ``P`` is not positive and finite do not update it.
-2. **Data parallelism.** ``max |Δ|`` is max-reduced (FSDP2 ranks hold different shards;
-   ``eps`` must be one number), ``K`` and the realized KL are mean-reduced, so every rank
-   takes the same ``eta`` and keeps the same calibration. Checked with DDP (2 CPU processes,
-   gloo, different data per rank: identical ``eta`` and calibration); not yet run under FSDP2.
+1. **Calibration rule** and 2. **data parallelism** (every rank takes the same ``eta`` and keeps
+   the same calibration; checked with DDP, not yet run under FSDP2): docs/design.md §4.
 3. **Gradient clipping** (``Trainer(gradient_clip_val=...)``) is done here, before a natively
    two-phase optimizer prepares Δ: Lightning clips only after ``on_before_optimizer_step``, when
    LoGRA's ``prepare_update`` has read the gradients; Lightning's own call then finds the step
@@ -76,11 +73,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -90,17 +89,17 @@ from logra_lightning.kl.estimates import (
     calibration_from_ema,
     choose_step_scale,
     exact_kl,
-    finite_difference_epsilon,
     informative_measurement,
-    softmax_variance_kl,
     update_log_calibration,
 )
+from logra_lightning.kl.predict import finite_difference_K, forward_mode_K
 from logra_lightning.optim.two_phase import is_two_phase, two_phase
 
 __all__ = ["KLStepControl", "SupportsKLProbe", "is_two_phase"]
 
 # Per-step records kept in `history` (each a small dict of floats).
 _HISTORY = 10_000
+PROBES = ("finite_difference", "jvp")
 
 
 @runtime_checkable
@@ -127,6 +126,8 @@ class KLStepControl(L.Callback):
             (see :func:`~logra_lightning.kl.estimates.finite_difference_epsilon`).
         calibration_rate: EMA rate of the calibration, in ``(0, 1]``.
         calibration_bounds: ``(low, high)`` clamp of the calibration, ``0 < low <= 1 <= high``.
+        probe: ``"finite_difference"`` (two fp32 passes; any module and optimizer) or ``"jvp"`` (one
+            forward-mode pass in the trainer's precision; needs ``kl_probe_jvp``; refused under FSDP2).
 
     Raises:
         ValueError: an argument out of range (the message names the value and the range).
@@ -172,6 +173,7 @@ class KLStepControl(L.Callback):
         probe_weight_change: float = DEFAULT_PROBE_WEIGHT_CHANGE,
         calibration_rate: float = 0.3,
         calibration_bounds: tuple[float, float] = (0.25, 4.0),
+        probe: str = "finite_difference",
     ) -> None:
         if not (math.isfinite(target_kl) and target_kl > 0):
             raise ValueError(f"Invalid target_kl: {target_kl} (must be a finite number > 0)")
@@ -187,6 +189,8 @@ class KLStepControl(L.Callback):
             raise ValueError(f"Invalid probe_weight_change: {probe_weight_change} (must be a finite number > 0)")
         if not (0.0 < calibration_rate <= 1.0):
             raise ValueError(f"Invalid calibration_rate: {calibration_rate} (must be in (0, 1])")
+        if probe not in PROBES:
+            raise ValueError(f"Invalid probe: {probe!r} (must be one of {', '.join(map(repr, PROBES))})")
         lo, hi = calibration_bounds
         if not (0.0 < lo <= 1.0 <= hi < math.inf):
             raise ValueError(f"Invalid calibration_bounds: {calibration_bounds} (need 0 < low <= 1 <= high < inf)")
@@ -198,6 +202,7 @@ class KLStepControl(L.Callback):
         self.probe_weight_change = float(probe_weight_change)
         self.calibration_rate = float(calibration_rate)
         self.calibration_bounds = (float(lo), float(hi))
+        self.probe = probe
         self.history: deque[dict[str, Any]] = deque(maxlen=_HISTORY)
         self._steps = 0  # optimizer steps controlled so far (resumable)
         self._log_cal_ema = 0.0
@@ -266,29 +271,29 @@ class KLStepControl(L.Callback):
 
     @torch.no_grad()
     def _control(self, trainer: L.Trainer, pl_module: L.LightningModule, two: Any, record: dict[str, Any]) -> None:
-        """The control sequence on the two-phase calls: Δ, ``K`` from one finite-difference probe, ``eta``."""
+        """The control sequence on the two-phase calls: Δ, ``K`` from the probe, ``eta``."""
         prepare_start = time.perf_counter()
         two.prepare_update()
         if two.candidate_before_step:  # the optimizer's own work, not the control's
             record["control_s"] -= time.perf_counter() - prepare_start
-        max_abs = self._reduce(trainer, pl_module, two.update_max_abs(), "max")
-        eps = finite_difference_epsilon(max_abs, self.probe_weight_change)
-        K = 0.0
-        if eps > 0.0:
-            two.perturb_(eps)
-            try:
-                probe = self._probe(pl_module, record)
-            except BaseException:
-                two.perturb_(-eps)
-                raise
-            # W stays at W0 + eps * Δ: the step takes it from there to W0 + eta * Δ (one pass fewer)
-            base = record["base"]
-            K = float(softmax_variance_kl(base, (probe.double() - base.double()) / eps))
+        if self.probe == "jvp":
+            K = forward_mode_K(two, partial(self._jvp_probe, trainer, pl_module, record))
+        else:
+            max_abs = self._reduce(trainer, pl_module, two.update_max_abs(), "max")
+            logits = partial(self._probe, pl_module, record)
+            K = finite_difference_K(two, logits, record["base"], max_abs, self.probe_weight_change)
         K = self._reduce(trainer, pl_module, K, "mean")
         c = self.calibration
         eta = choose_step_scale(K, self.target_kl, self.min_scale, self.max_scale, c)
         two.set_step_scale(eta)
         record.update(K=K, calibration=c, eta=eta)
+
+    def _jvp_probe(self, trainer: L.Trainer, pl_module: L.LightningModule, record: dict[str, Any], tangent):
+        start = time.perf_counter()
+        with trainer.precision_plugin.forward_context():  # bf16 under bf16-mixed
+            out = pl_module.kl_probe_jvp(self.sample_tokens, tangent)  # ([N, V], [N, V])
+        record["probe_s"] += time.perf_counter() - start
+        return out
 
     def _hook(self, optimizer: torch.optim.Optimizer, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if id(optimizer) in self._hooked:
@@ -300,7 +305,9 @@ class KLStepControl(L.Callback):
         self._hooked[id(optimizer)] = optimizer.register_step_post_hook(post_step)
 
     def _check_optimizer(self, trainer: L.Trainer, opt: torch.optim.Optimizer) -> None:
-        if any(p.dtype not in (torch.float32, torch.float64) for g in opt.param_groups for p in g["params"]):
+        if self.probe == "finite_difference" and any(
+            p.dtype not in (torch.float32, torch.float64) for g in opt.param_groups for p in g["params"]
+        ):
             self._warn_once(
                 "dtype",
                 "KLStepControl: some params are not fp32; a probe step of "
@@ -319,12 +326,28 @@ class KLStepControl(L.Callback):
                 f"([N, V] logits of the current batch at fixed token positions, see `SupportsKLProbe` in "
                 f"logra_lightning.callbacks.kl_control); {type(pl_module).__name__} does not."
             )
+        if self.probe == "jvp":
+            self._check_jvp(trainer, pl_module)
         controls = [cb for cb in trainer.callbacks if isinstance(cb, KLStepControl)]
         if len(controls) > 1:
             raise MisconfigurationException(
                 f"Found {len(controls)} `KLStepControl` callbacks (target_kl="
                 f"{', '.join(f'{cb.target_kl:g}' for cb in controls)}); each would rescale the same optimizer "
                 "steps. Please keep one."
+            )
+
+    @staticmethod
+    def _check_jvp(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not callable(getattr(pl_module, "kl_probe_jvp", None)):
+            raise MisconfigurationException(
+                f"`KLStepControl(probe='jvp')` needs the LightningModule to implement `kl_probe_jvp(max_tokens, "
+                f"tangent) -> (logits, dlogits)`; {type(pl_module).__name__} does not. Use probe='finite_difference'"
+            )
+        if isinstance(trainer.strategy, ModelParallelStrategy):
+            raise MisconfigurationException(
+                "`KLStepControl(probe='jvp')` swaps whole parameters for dual tensors in each module's forward, "
+                "which FSDP2's sharded parameters do not allow. Use probe='finite_difference' under "
+                f"{type(trainer.strategy).__name__}"
             )
 
     @override
@@ -346,7 +369,8 @@ class KLStepControl(L.Callback):
         record: dict[str, Any] = {"step": self._steps, "two_phase": two.candidate_before_step}
         record.update(probe_s=0.0, measure_s=0.0, control_s=0.0)
         record["measure"] = self.measure_every > 0 and self._steps % self.measure_every == 0
-        record["base"] = self._probe(pl_module, record)
+        if self.probe == "finite_difference" or record["measure"]:  # fp32 logits at W0
+            record["base"] = self._probe(pl_module, record)
         two.begin()
         if two.candidate_before_step:  # Δ exists now; the optimizer's step applies eta * Δ
             self._clip_first(trainer, pl_module, optimizer)
@@ -385,7 +409,7 @@ class KLStepControl(L.Callback):
                 self._log_cal_ema, self._num_measurements = update_log_calibration(
                     self._log_cal_ema, self._num_measurements, realized, record["predicted_raw"], self.calibration_rate
                 )
-        del record["base"]
+        record.pop("base", None)
         record["control_s"] += time.perf_counter() - start
         self._steps += 1
         self.history.append(record)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from logra_lightning._util import local
+from logra_lightning.kl.jvp import Tangent, logits_and_tangent
 
 if TYPE_CHECKING:  # the batch type only: kl/ sits below rl/, which calls it
     from logra_lightning.rl.trajectory import PackedBatch
@@ -152,6 +153,19 @@ class KLProbe:
         device = seqs.ids.device
         pick = pick.to(device)
         return self.logits_at(policy, seqs.rows(rows.to(device)).trimmed(), pick[:, 0], pick[:, 1])  # [N, V]
+
+    def logits_and_tangent(
+        self, policy: torch.nn.Module, seqs: PackedBatch, step: int, max_tokens: int, tangent: Tangent
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[N, V]`` at the probe positions and their derivative along ``tangent``.
+
+        One forward-mode pass (:mod:`~logra_lightning.kl.jvp`) at the current weights, in the caller's autocast;
+        the cache is not used.
+        """
+        rows, pick = self.positions(seqs, step, max_tokens)
+        device = seqs.ids.device
+        pick, batch = pick.to(device), seqs.rows(rows.to(device)).trimmed()
+        return logits_and_tangent(lambda: self.logits_at(policy, batch, pick[:, 0], pick[:, 1]), policy, tangent)
 
     def base_recorder(self, seqs: PackedBatch, step: int) -> _BaseRecorder | None:
         """A recorder of the probe positions' logits for a micro-batched forward over ``seqs`` at the current weights.

@@ -369,17 +369,19 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, SketchedGradients, torc
         if not self.step_state.prepared:
             raise RuntimeError(f"{what} needs a candidate update: call opt.prepare_update() after backward first")
 
-    @torch.no_grad()
-    @rounding.outside_autocast
     def update_max_abs(self) -> float:
         """Max ``|element|`` of the scale-1 candidate update Δ (incl. weight decay) over all params."""
         self._require_prepared("update_max_abs()")
-        best = 0.0
-        for p, pend in self.step_state.pending.items():
-            delta = cand.update_delta(pend, local(p))
-            if delta.numel():  # a rank may hold no rows of a small sharded matrix
-                best = max(best, float(delta.abs().max()))
-        return best
+        deltas = (self.update_delta(p) for p in self.step_state.pending)  # one matrix at a time
+        return max((float(d.abs().max()) for d in deltas if d.numel()), default=0.0)  # a rank may hold no rows
+
+    @torch.no_grad()
+    @rounding.outside_autocast
+    def update_delta(self, p: torch.Tensor) -> torch.Tensor | None:
+        """``p``'s scale-1 Δ (incl. weight decay), fp32, shaped like ``p``, a new tensor; ``None``: no update."""
+        self._require_prepared("update_delta()")
+        pend = self.step_state.pending.get(p)
+        return None if pend is None else cand.update_delta(pend, local(p)).view_as(local(p))
 
     def _add_low_precision(self, p: torch.Tensor, w: torch.Tensor, delta: torch.Tensor) -> None:
         """``w += delta`` for bf16/fp16 weights by the ``bf16_update`` rule (choice 11); counts lost entries."""

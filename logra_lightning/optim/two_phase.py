@@ -2,7 +2,8 @@
 
 Predicted-KL step control (docs/design.md §4) needs four calls between backward and the
 update: ``prepare_update()`` (hold Δ), ``update_max_abs()``, ``perturb_(alpha)`` (``W +=
-alpha * Δ`` in place) and ``set_step_scale(eta)``. :class:`~logra_lightning.optim.LoGRA`
+alpha * Δ`` in place) and ``set_step_scale(eta)``; its forward-mode probe reads one param's Δ
+at a time with ``update_delta(p)`` instead of the middle two. :class:`~logra_lightning.optim.LoGRA`
 has them natively; :func:`two_phase` gives them to any optimizer:
 
 * :class:`NativeTwoPhase` forwards to an optimizer that has them. The candidate exists
@@ -83,6 +84,14 @@ class NativeTwoPhase:
     def perturb_(self, alpha: float) -> None:
         self.optimizer.perturb_(alpha)
 
+    def update_delta(self, p: torch.Tensor) -> torch.Tensor | None:
+        """``p``'s scale-1 Δ (for a forward-mode probe); the optimizer must have ``update_delta``."""
+        return self.optimizer.update_delta(p)
+
+    @property
+    def has_update_delta(self) -> bool:
+        return callable(getattr(self.optimizer, "update_delta", None))
+
     def set_step_scale(self, eta: float) -> None:
         self.optimizer.set_step_scale(eta)
 
@@ -121,6 +130,14 @@ class SnapshotTwoPhase:
 
     def update_max_abs(self) -> float:
         return max((float(d.abs().max()) for _, d in self._held if d.numel()), default=0.0)
+
+    has_update_delta = True
+
+    def update_delta(self, p: torch.Tensor) -> torch.Tensor | None:
+        """``p``'s Δ (held, not copied), or ``None`` when ``p`` had no gradient."""
+        if not self._prepared:
+            raise RuntimeError("update_delta() needs prepare_update() first")
+        return next((d for q, d in self._held if q is p), None)
 
     @torch.no_grad()
     def perturb_(self, alpha: float) -> None:

@@ -17,6 +17,8 @@ Protocols this module offers to callbacks:
   rollout's sampled tokens (drift of the engine's copy of the policy);
 * ``kl_probe_logits(max_tokens)`` — logits ``[N, V]`` at a fixed token subsample of the
   current step's batch at the current weights (predicted-KL step control);
+* ``kl_probe_jvp(max_tokens, tangent)`` — the same positions' logits and their derivative
+  along an update, one forward-mode pass (``KLStepControl(probe="jvp")``);
 * phases ``rollout``, ``reference``, ``pi_old``, ``forward_backward``, ``optimizer`` announced through
   :func:`~logra_lightning.rl.phases.announce_phase` (memory monitoring), and timed.
 

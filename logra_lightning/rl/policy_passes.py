@@ -11,7 +11,8 @@ the step's model work between the rollout and the optimizer:
 * :meth:`~PolicyPasses._plan_micro_batches`: rows per micro-batch by token budget
   (:mod:`~logra_lightning.rl.micro_batches`), planned once per batch and as many on every rank;
 * :meth:`~PolicyPasses.kl_probe_logits`: the KL probe protocol, whose base logits are recorded by
-  whichever pass runs first at the step's starting weights (:class:`~logra_lightning.kl.probe.KLProbe`).
+  whichever pass runs first at the step's starting weights (:class:`~logra_lightning.kl.probe.KLProbe`),
+  and :meth:`~PolicyPasses.kl_probe_jvp`, the same positions' logit change along an update in one pass.
 
 It reads the module's ``hparams``, ``policy``, ``tokenizer``, ``device``, ``global_step``,
 ``trainer``, the frozen reference ``_ref``, the probe state ``_probe`` / ``_kl_probe``, the
@@ -31,6 +32,7 @@ from functools import partial
 
 import torch
 
+from logra_lightning.kl.jvp import Tangent
 from logra_lightning.rl.logprobs import sequence_logprobs, token_logprobs
 from logra_lightning.rl.loss import LossConfig, grpo_advantages, grpo_loss, tis_weights
 from logra_lightning.rl.micro_batches import plan_micro_batches, split_to_count
@@ -176,3 +178,13 @@ class PolicyPasses:
         if self._probe is None:
             raise RuntimeError("kl_probe_logits() is only available inside training_step (no batch yet)")
         return self._kl_probe.logits(self.policy, self._probe, self.global_step, max_tokens)
+
+    def kl_probe_jvp(self, max_tokens: int, tangent: Tangent) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[N, V]`` at :meth:`kl_probe_logits`' positions and their derivative along ``tangent``.
+
+        ``tangent(param)`` is the update of ``param`` (``None``: unchanged); one forward-mode pass
+        (:func:`~logra_lightning.kl.jvp.logits_and_tangent`) in the caller's autocast.
+        """
+        if self._probe is None:
+            raise RuntimeError("kl_probe_jvp() is only available inside training_step (no batch yet)")
+        return self._kl_probe.logits_and_tangent(self.policy, self._probe, self.global_step, max_tokens, tangent)
