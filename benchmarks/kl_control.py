@@ -7,6 +7,8 @@ then one 60-step demo run alone):
     .venv/bin/python -m benchmarks.kl_control --steps 100             # as `make bench` runs it
     .venv/bin/python -m benchmarks.kl_control --lr 3e-5 --steps 300 --seeds 0 1
     .venv/bin/python -m benchmarks.kl_control --quick          # 4 steps each, 64 held-out prompts (CI)
+    .venv/bin/python -m benchmarks.kl_control --overhead-only --demo-config configs/smollm2_chain_sum.yaml \
+        --probes finite_difference jvp --overhead-steps 25 --out benchmarks/results/kl_control_overhead_smollm2.json
 
 The runs, each a real ``logra fit`` on the arithmetic RL task: ``default_lr`` (LoGRA at the demo's
 lr, no control), ``high_lr`` (10x that lr, no control), ``high_lr_kl_control``
@@ -14,8 +16,9 @@ lr, no control), ``high_lr`` (10x that lr, no control), ``high_lr_kl_control``
 torch thread each, ``--jobs`` at a time, on the HF-engine LoGRA config (``--config``: rank,
 ``update_proj_gap``, task, budget) with the lr and control settings of the demo config
 (``--demo-config``); and ``demo_overhead``: the demo config as shipped (its control, vLLM engine,
-low-rank sync) for 60 steps alone, to time the control. Departures, so that the three
-stability runs are measured alike:
+low-rank sync) for 60 steps alone, to time the control (``--probes``: one such run per
+``KLStepControl`` probe instead, ``overhead_<probe>``; ``--overhead-only``: these runs only).
+Departures, so that the three stability runs are measured alike:
 
 1. ``measure_every`` is 1 (the demo measures every 5th step), so every step has a realized KL.
 2. The runs "without control" carry ``KLStepControl`` with ``min_scale = max_scale = 1``: it logs
@@ -127,7 +130,7 @@ def accuracy_summary(runs: list[dict]) -> dict:
     verdict ``controlled mean >= default mean`` (None when either row has no finished run)."""
     rows: dict[str, dict[int, float]] = {}
     for r in runs:
-        if r["ok"] and r["row"] != "demo_overhead":
+        if r["ok"] and "overhead" not in r:
             rows.setdefault(r["row"], {})[r["seed"]] = r["accuracy_after"]
     out: dict = {
         row: {"mean": statistics.fmean(v.values()), "min": min(v.values()), "max": max(v.values()), "n": len(v)}
@@ -203,7 +206,7 @@ COLS = [
     title="KL step control at a high learning rate",
     quick=[],
     full=["--steps", "100"],
-    variants=("kl_control_200_steps",),
+    variants=("kl_control_200_steps", "kl_control_overhead_smollm2"),
 )
 class KLControl(Benchmark):
     flags = {
@@ -218,6 +221,9 @@ class KLControl(Benchmark):
             default=str(CONFIGS / "arithmetic_tiny.yaml"),
             help="config with the default lr and the KLStepControl settings; the overhead run runs it",
         )
+        ap.add_argument("--overhead-only", action="store_true", help="only the overhead run(s), no stability runs")
+        ap.add_argument("--probes", nargs="+", help="one overhead run per KLStepControl probe (default: as shipped)")
+        ap.add_argument("--overhead-steps", type=int, help=f"steps of each overhead run (default {OVERHEAD['steps']})")
         ap.add_argument("--lr", type=float, default=None, help="the default lr (default: the demo config's LoGRA lr)")
 
     def settings(self, args) -> dict:
@@ -226,7 +232,7 @@ class KLControl(Benchmark):
         lr = args.lr or (logra[0] if logra else base)["lr"]
         demo_control = control_init_args(args.demo_config)
         control = {**demo_control, "measure_every": 1}  # departure 1
-        overhead = QUICK["steps"] if args.quick else OVERHEAD["steps"]
+        overhead = QUICK["steps"] if args.quick else args.overhead_steps or OVERHEAD["steps"]
         return {
             "config": base["config"],
             "demo_config": demo["config"],
@@ -243,6 +249,8 @@ class KLControl(Benchmark):
             "demo_control": demo_control,
             "overhead_steps": overhead,
             "overhead_warmup_steps": 0 if args.quick else OVERHEAD["warmup"],
+            "overhead_only": args.overhead_only,
+            "probes": args.probes,
             "targets": TARGETS,
         }
 
@@ -269,16 +277,28 @@ class KLControl(Benchmark):
             )
             return record(row, seed, lr, res, st["target_kl"], callbacks)
 
-        rows = parallel(lambda p: stability_run(*p), [(seed, row) for seed in st["seeds"] for row in plan], st["jobs"])
+        runs = [] if st["overhead_only"] else [(seed, row) for seed in st["seeds"] for row in plan]
+        rows = parallel(lambda p: stability_run(*p), runs, st["jobs"])
         # the demo as shipped: its own optimizer, KLStepControl (measure_every included), engine and sync
         demo = config_defaults(args.demo_config)
         budget = budget_args(st["overhead_steps"], demo["val_check_interval"], test_size)
-        res = logra_fit("demo_overhead", args.demo_config, budget, work_dir=work_dir)
-        # no KL summary: with measure_every > 1 the TensorBoard log repeats the last kl/realized on
-        # the steps in between, so the realized-KL statistics of this run would count stale values
-        rows.append(record("demo_overhead", demo["seed"], demo["lr"], res, None, None))
-        if res["ok"]:
-            rows[-1]["metrics"]["overhead"] = overhead_summary(res["scalars"], st["overhead_warmup_steps"])
+        shipped = config_callbacks(args.demo_config)
+        for probe in st["probes"] or [None]:
+            row, callbacks = "demo_overhead", None
+            if probe is not None:  # the shipped callbacks with the control's probe set
+                row = f"overhead_{probe}"
+                callbacks = [
+                    {**c, "init_args": {**c.get("init_args", {}), "probe": probe}}
+                    if c.get("class_path") == CONTROL
+                    else c
+                    for c in shipped
+                ]
+            res = logra_fit(row, args.demo_config, budget, callbacks=callbacks, work_dir=work_dir)
+            # no KL summary: with measure_every > 1 the TensorBoard log repeats the last kl/realized on
+            # the steps in between, so the realized-KL statistics of this run would count stale values
+            rows.append(record(row, demo["seed"], demo["lr"], res, None, callbacks))
+            if res["ok"]:
+                rows[-1]["metrics"]["overhead"] = overhead_summary(res["scalars"], st["overhead_warmup_steps"])
         return rows
 
     def summarize(self, settings: dict, rows: list[dict]) -> dict:
@@ -293,11 +313,15 @@ class KLControl(Benchmark):
             f"{st['measure_every']}, {st['steps']} steps; lr and control settings from `{st['demo_config']}`."
         )
         rows = [flat(r) for r in res["rows"]]
+        if st.get("overhead_only"):
+            return [command_head(res, end=False), "", *_overhead_lines(rows, st)]
         out = [command_head(res, end=False) + " " + head, "", *table(rows, COLS), ""]
         return out + _accuracy_lines(res) + _target_lines(rows, st["targets"]) + _overhead_lines(rows, st)
 
     def plot(self, res: dict, plt):
-        """Realized KL, held-out accuracy and step scale per step, one line per run."""
+        """Realized KL, held-out accuracy and step scale per step, one line per run (none: overhead runs only)."""
+        if res["settings"].get("overhead_only"):
+            return None
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
         target = res["settings"]["target_kl"]
         colors, labelled = {}, set()  # one colour per row, one legend entry per row; seeds share it
@@ -377,20 +401,26 @@ def _target_lines(rows: list[dict], t: dict) -> list[str]:
 
 
 def _overhead_lines(rows: list[dict], st: dict) -> list[str]:
-    """The ``demo_overhead`` run: time the control adds per step, against its target share."""
-    run = next((r for r in rows if r["row"] == "demo_overhead"), None)
-    if run is None or not run["ok"] or "overhead_share" not in run.get("overhead", {}):
-        why = "not measured" if run is None else clip(run.get("error") or "no steps logged", 200)
-        return [f"Control overhead: the `demo_overhead` run failed or is missing: {why}.", ""]
-    o, limit = run["overhead"], st["targets"]["overhead_share_max"]
-    return [
-        f"Control overhead (`demo_overhead`: `{st['demo_config']}` as shipped, {st['overhead_steps']} steps, "
-        f"medians over {o['steps_used']} steps after the first {o['warmup_steps_skipped']}; load at start "
-        f"{load_text(run['load_before'])}): step {o['step_seconds_median']:.3f} s, of which the control "
-        f"{o['control_seconds_median']:.3f} s → overhead **{pct(o['overhead_share'])}** of a step without it "
-        f"(≤ {pct(limit, 0)}: {met(o['overhead_share'] <= limit)}).",
-        "",
-    ]
+    """Each overhead run: time the control adds per step, against its target share."""
+    names = [f"overhead_{p}" for p in st.get("probes") or []] or ["demo_overhead"]
+    out = []
+    for name in names:
+        run = next((r for r in rows if r["row"] == name), None)
+        if run is None or not run["ok"] or "overhead_share" not in run.get("overhead", {}):
+            why = "not measured" if run is None else clip(run.get("error") or "no steps logged", 200)
+            out += [f"Control overhead: the `{name}` run failed or is missing: {why}.", ""]
+            continue
+        o, limit = run["overhead"], st["targets"]["overhead_share_max"]
+        how = "as shipped" if name == "demo_overhead" else f"as shipped but `probe: {name[len('overhead_') :]}`"
+        out += [
+            f"Control overhead (`{name}`: `{st['demo_config']}` {how}, {st['overhead_steps']} steps, "
+            f"medians over {o['steps_used']} steps after the first {o['warmup_steps_skipped']}; load at start "
+            f"{load_text(run['load_before'])}): step {o['step_seconds_median']:.3f} s, of which the control "
+            f"{o['control_seconds_median']:.3f} s → overhead **{pct(o['overhead_share'])}** of a step without it "
+            f"(≤ {pct(limit, 0)}: {met(o['overhead_share'] <= limit)}).",
+            "",
+        ]
+    return out
 
 
 if __name__ == "__main__":

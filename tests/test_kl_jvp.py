@@ -157,3 +157,17 @@ def test_jvp_needs_the_module_method() -> None:
         trainer.callbacks[0].setup(trainer, NoJVP(), "fit")
     with pytest.raises(ValueError, match="Invalid probe: 'exact'"):
         KLStepControl(target_kl=1e-3, probe="exact")
+
+
+def test_forward_mode_works_on_bf16_weights(tiny_policy_path: str) -> None:
+    """With bf16 weights (``bf16-true``) a finite difference of 1e-5 per weight rounds away; the tangent does not."""
+    module, two = prepared_module(tiny_policy_path)
+    fd32 = finite_difference_K(
+        two, lambda: module.kl_probe_logits(32), module.kl_probe_logits(32), two.update_max_abs(), 1e-5
+    )
+    two.perturb_(-two.optimizer.step_state.perturb_total)
+    module.policy.to(torch.bfloat16)  # the same parameters, now bf16; LoGRA's Δ stays fp32
+    weights = {p: p.detach().clone() for p in module.policy.parameters()}
+    # bf16 weights change the function by bf16's rounding (2**-8 relative): K within a few percent of fp32's
+    assert forward_mode_K(two, partial(module.kl_probe_jvp, 32)) == pytest.approx(fd32, rel=5e-2)
+    assert all(torch.equal(p, w) for p, w in weights.items())  # the pass leaves the weights as they were

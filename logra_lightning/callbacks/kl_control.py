@@ -311,8 +311,8 @@ class KLStepControl(L.Callback):
             self._warn_once(
                 "dtype",
                 "KLStepControl: some params are not fp32; a probe step of "
-                f"{self.probe_weight_change:g} per weight may round away. Keep fp32 master weights "
-                "(e.g. precision='bf16-mixed') or raise probe_weight_change.",
+                f"{self.probe_weight_change:g} per weight may round away. Use probe='jvp' (no weight moves), "
+                "keep fp32 master weights (e.g. precision='bf16-mixed') or raise probe_weight_change.",
             )
 
     # ------------------------------------------------------------------ hooks
