@@ -123,6 +123,11 @@ def kl_summary(scalars: dict, target: float) -> dict:
     return out
 
 
+def is_overhead_run(row: str) -> bool:
+    """Whether results row ``row`` is a timing run of the control (``demo_overhead``, ``overhead_<probe>``)."""
+    return row == "demo_overhead" or row.startswith("overhead_")
+
+
 def accuracy_summary(runs: list[dict]) -> dict:
     """Final held-out accuracy per row over seeds (mean, min, max, n), and the controlled high-lr
     row against the default-lr row: the difference of the means in points, the per-seed paired
@@ -130,7 +135,7 @@ def accuracy_summary(runs: list[dict]) -> dict:
     verdict ``controlled mean >= default mean`` (None when either row has no finished run)."""
     rows: dict[str, dict[int, float]] = {}
     for r in runs:
-        if r["ok"] and "overhead" not in r:
+        if r["ok"] and not is_overhead_run(r["row"]):
             rows.setdefault(r["row"], {})[r["seed"]] = r["accuracy_after"]
     out: dict = {
         row: {"mean": statistics.fmean(v.values()), "min": min(v.values()), "max": max(v.values()), "n": len(v)}

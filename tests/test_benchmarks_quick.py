@@ -115,10 +115,11 @@ def test_kl_accuracy_summary_compares_seed_means() -> None:
     runs += [
         {"row": "high_lr_kl_control", "seed": 2, "ok": False},
         {"row": "demo_overhead", "seed": 0, "ok": True, "accuracy_after": 0.1},
+        {"row": "overhead_jvp", "seed": 0, "ok": True, "accuracy_after": 0.2},  # a timing run per probe
     ]
     got = kl_control.accuracy_summary(runs)
     assert got["default_lr"] == {"mean": pytest.approx(0.95), "min": 0.9, "max": 1.0, "n": 2}
-    assert got["high_lr_kl_control"]["n"] == 2 and "demo_overhead" not in got
+    assert got["high_lr_kl_control"]["n"] == 2 and "demo_overhead" not in got and "overhead_jvp" not in got
     assert got["controlled_no_worse_than_default"] is False  # 0.94 < 0.95
     diff = got["controlled_vs_default"]
     assert diff["mean_difference_points"] == pytest.approx(-1.0)
