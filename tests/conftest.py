@@ -1,5 +1,6 @@
 """Shared fixtures and helpers: the built-in tiny policy (built once, cached in .cache/logra), thread settings,
-"no model may be built" for start-up checks, the flags of a tiny ``logra fit`` run, and the console's error line.
+"no model may be built" for start-up checks, the flags of a tiny ``logra fit`` run, the console's error line, and a
+tiny random Qwen2.
 
 Test modules import the helpers as ``from conftest import tiny_run`` (pytest puts tests/ on the path).
 """
@@ -79,6 +80,15 @@ def no_model_built(monkeypatch):
 
     monkeypatch.setattr(module, "load_policy", forbidden)
     monkeypatch.setattr(module, "resolve_model", forbidden)
+
+
+def tiny_qwen2(seed: int = 0, **config):
+    """A random 2-layer Qwen2 (hidden 32, vocab 50); ``config`` overrides its ``Qwen2Config`` fields."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    fields = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    return Qwen2ForCausalLM(Qwen2Config(**fields, num_key_value_heads=2, vocab_size=50, **config))
 
 
 def tiny_run(save_dir, steps: int = 2, *, batch_size: int = 4, group_size: int | None = 4) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from functools import partial
 
+import conftest  # tests/conftest.py
 import lightning as L
 import pytest
 import torch
@@ -28,20 +29,8 @@ from logra_lightning.rl.trajectory import pack_sequences
 
 
 def tiny_qwen2(tied: bool):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        tie_word_embeddings=tied,
-        attn_implementation="sdpa",  # no forward-mode derivative: the probe switches to eager for its pass
-    )
-    return Qwen2ForCausalLM(cfg).eval()
+    # sdpa has no forward-mode derivative: the probe switches to eager attention for its pass
+    return conftest.tiny_qwen2(tie_word_embeddings=tied, attn_implementation="sdpa").eval()
 
 
 @pytest.mark.parametrize("tied", [True, False])

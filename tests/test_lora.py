@@ -15,9 +15,10 @@ import json
 import types
 from pathlib import Path
 
+import conftest  # tests/conftest.py
 import pytest
 import torch
-from conftest import hf_greedy_answers, tiny_run, vllm_greedy_answers  # tests/conftest.py
+from conftest import hf_greedy_answers, tiny_run, vllm_greedy_answers
 from safetensors.torch import load_file
 
 from logra_lightning.cli import run
@@ -31,20 +32,7 @@ PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(3, 40, 7
 
 
 def tiny_qwen2(seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=50,
-            tie_word_embeddings=False,
-        )
-    )
+    return conftest.tiny_qwen2(seed, tie_word_embeddings=False)
 
 
 def merged(policy, lora: LoRA) -> dict[str, torch.Tensor]:
