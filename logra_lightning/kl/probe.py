@@ -149,10 +149,7 @@ class KLProbe:
         cached = self.cache.get(policy, (step, max_tokens))
         if cached is not None:
             return cached
-        rows, pick = self.positions(seqs, step, max_tokens)
-        device = seqs.ids.device
-        pick = pick.to(device)
-        return self.logits_at(policy, seqs.rows(rows.to(device)).trimmed(), pick[:, 0], pick[:, 1])  # [N, V]
+        return self._forward(policy, seqs, step, max_tokens)()  # [N, V]
 
     def logits_and_tangent(
         self, policy: torch.nn.Module, seqs: PackedBatch, step: int, max_tokens: int, tangent: Tangent
@@ -162,10 +159,14 @@ class KLProbe:
         One forward-mode pass (:mod:`~logra_lightning.kl.jvp`) at the current weights, in the caller's autocast;
         the cache is not used.
         """
+        return logits_and_tangent(self._forward(policy, seqs, step, max_tokens), policy, tangent)
+
+    def _forward(self, policy: torch.nn.Module, seqs: PackedBatch, step: int, max_tokens: int):
+        """The probe's forward pass over its rows of ``seqs``, returning the logits ``[N, V]`` at its positions."""
         rows, pick = self.positions(seqs, step, max_tokens)
         device = seqs.ids.device
         pick, batch = pick.to(device), seqs.rows(rows.to(device)).trimmed()
-        return logits_and_tangent(lambda: self.logits_at(policy, batch, pick[:, 0], pick[:, 1]), policy, tangent)
+        return lambda: self.logits_at(policy, batch, pick[:, 0], pick[:, 1])
 
     def base_recorder(self, seqs: PackedBatch, step: int) -> _BaseRecorder | None:
         """A recorder of the probe positions' logits for a micro-batched forward over ``seqs`` at the current weights.

@@ -107,6 +107,7 @@ class SnapshotTwoPhase:
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         self._held: list[tuple[torch.Tensor, torch.Tensor]] = []  # (param, W0 copy, then Δ), local shards
+        self._delta_of: dict[int, torch.Tensor] = {}  # id(param) -> its Δ, once prepared
         self._at = 1.0  # W = W0 + at * Δ once prepared
         self._eta = 1.0
         self._prepared = False
@@ -125,6 +126,7 @@ class SnapshotTwoPhase:
             return
         for p, old in self._held:
             torch.sub(local(p), old, out=old)  # old <- Δ = new - old; W stays at old + 1*Δ
+        self._delta_of = {id(p): delta for p, delta in self._held}  # a forward-mode probe asks per module
         self._prepared = True
         self.perturb_(-1.0)
 
@@ -137,7 +139,7 @@ class SnapshotTwoPhase:
         """``p``'s Δ (held, not copied), or ``None`` when ``p`` had no gradient."""
         if not self._prepared:
             raise RuntimeError("update_delta() needs prepare_update() first")
-        return next((d for q, d in self._held if q is p), None)
+        return self._delta_of.get(id(p))
 
     @torch.no_grad()
     def perturb_(self, alpha: float) -> None:
@@ -157,4 +159,4 @@ class SnapshotTwoPhase:
         """``W = old + eta * Δ`` (``eta`` 1 unless set) and drop the copies."""
         if self._prepared:
             self.perturb_(self._eta - self._at)
-        self._held, self._prepared = [], False
+        self._held, self._delta_of, self._prepared = [], {}, False
