@@ -10,14 +10,16 @@ Run (hours: each row is a ``logra fit`` of SmolLM2-135M-Instruct, continued wher
 
 Rows (:data:`ROWS`): ``logra`` (``configs/smollm2_long.yaml``, 1,100 steps), ``adamw`` and ``lora`` (its
 counterparts, 300), ``logra_seed1`` (the LoGRA config with ``--seed_everything 1``, logged as
-``smollm2_long_seed1``, 300). A row short of its steps runs ``logra fit --config C --trainer.max_steps N`` (with
+``smollm2_long_seed1``, 300), ``logra_seed1_cut0`` (the same with ``--model.truncated_reward 0``: a completion cut
+at the length limit scores 0, ``smollm2_long_seed1_cut0``, 300). A row short of its steps runs ``logra fit --config C --trainer.max_steps N`` (with
 ``--ckpt_path last`` when its run has a checkpoint) in a subprocess that logs to ``<work-dir>/<run>/fit_*.log``;
 the runs write where the configs do (``runs/<run>/version_N``), not to the benchmark cache. Each sitting is a
 new ``version_N``: ``benchmarks/run_curves.py`` reads them in order, a later one winning from its first step
 (docs/long_run.md), and the row keeps its sittings ``{version, first_step, last_step, resumed_from_step}``.
 
 Per row: per-step series of :data:`TAGS` (``[[step, value], ...]``, 4 significant digits), held-out accuracy
-(base at step 0, best, last, gain), skipped steps, realized KL within 2x of the config's target, RSS slopes,
+(base at step 0, best, last, gain), skipped steps and batches, the share of completions cut at the length limit
+over the last 100 batches, realized KL within 2x of the config's target, RSS slopes,
 weight drift, median s/step and training memory. The summary holds issue 41's "Done when" checks
 (:func:`done_when`): each ``pass``, ``fail`` or ``not measured`` (its inputs are not in the logs yet; never a
 pass). ``--quick`` writes synthetic event files and reads them: it checks the reader, the report and the figure,
@@ -82,14 +84,18 @@ ROWS = {
     "adamw": Run("smollm2_long_adamw.yaml", 300),
     "lora": Run("smollm2_long_lora.yaml", 300),
     "logra_seed1": Run("smollm2_long.yaml", 300, ("--seed_everything", "1"), "smollm2_long_seed1"),
+    "logra_seed1_cut0": Run(
+        "smollm2_long.yaml", 300, ("--seed_everything", "1", "--model.truncated_reward", "0"), "smollm2_long_seed1_cut0"
+    ),
 }
 TRAINER_RSS, ENGINE_RSS, DRIFT = "memory/forward_backward/current_gb", "memory/engine_rss_gb", "sync/weight_drift_max"
 WARMUP_STEPS = 50  # a sitting's first steps, left out of the RSS slopes (module docstring: definition 2)
+CLIPPED = "completion/clipped_ratio"  # the share of a batch's completions cut at max_new_tokens
 STEP_PEAK = "memory/step_peak_gb"  # derived: a step's largest memory/<phase>/peak_gb (run_curves.step_peaks)
 TAGS = (  # kept per step in the results (what the checks and the figure read)
     *("val/accuracy", "reward/mean", "policy/entropy", "health/skipped_steps", "health/skipped_batches"),
     *("kl/realized", "kl/step_scale", "sync/logprob_abs_diff_mean", DRIFT, TRAINER_RSS, ENGINE_RSS),
-    "perf/step_seconds",
+    *("perf/step_seconds", CLIPPED),
 )
 READ = (*TAGS, *(f"memory/{p}/peak_gb" for p in PHASES))  # read from the event files
 STATUSES = ("pass", "fail", "not measured")
@@ -125,6 +131,7 @@ def row_metrics(
         "skipped_fraction": len(skipped) / reached if reached else None,
         "skipped_at": sorted(set(skipped)),
         "skipped_batches": len(rises(curves.get("health/skipped_batches", []))),
+        "clipped_ratio_last_100": statistics.fmean(v for _, v in cut[-100:]) if (cut := curves.get(CLIPPED)) else None,
         "accuracy_base": base,
         "accuracy_best": max((v for _, v in val), default=None),
         "accuracy_last": val[-1][1] if val else None,
@@ -258,7 +265,8 @@ PANELS = (  # title, tags (solid, dashed)
     ("max |engine - trainer| weight", (DRIFT,)),
     ("RSS GB: trainer (solid), engine (dashed)", (TRAINER_RSS, ENGINE_RSS)),
     ("seconds per step", ("perf/step_seconds",)),
-    ("skipped steps (cumulative)", ("health/skipped_steps",)),
+    ("completions cut at the length limit (mean over 25 steps)", (CLIPPED,)),
+    ("skipped steps (solid), batches (dashed), cumulative", ("health/skipped_steps", "health/skipped_batches")),
 )
 
 
@@ -269,7 +277,8 @@ class LongRealRun(Benchmark):
         Col("row", "name"),
         Col("steps (sittings)", lambda r: f"{r['steps_reached']} ({len(r['sittings'])})"),
         Col("held-out accuracy: base → last (best)", _accuracy),
-        Col("skipped steps", "skipped_steps"),
+        Col("skipped steps / batches", lambda r: f"{r['skipped_steps']} / {r['skipped_batches']}"),
+        Col("cut at the limit, last 100 batches", "clipped_ratio_last_100", "pct0"),
         Col("realized KL within 2× target", "kl_within_2x_share", "pct0"),
         Col("trainer / engine RSS slope, MB per 100 steps", _slopes),
         Col("max weight drift", "weight_drift_max", ".1e"),
@@ -345,7 +354,7 @@ class LongRealRun(Benchmark):
 
     def plot(self, res: dict, plt):
         """:data:`PANELS` against the step, one colour per row; a dotted line where a row's sitting resumed."""
-        fig, axes = plt.subplots(4, 2, figsize=(12, 12), sharex=True)
+        fig, axes = plt.subplots(5, 2, figsize=(12, 15), sharex=True)
         for i, r in enumerate(flat(row) for row in res["rows"] if row["metrics"]):
             for ax, (_, tags) in zip(axes.flat, PANELS):
                 for tag, ls in zip(tags, ("-", "--")):
@@ -353,7 +362,7 @@ class LongRealRun(Benchmark):
                         continue
                     x, y = zip(*r["series"][tag])  # [steps], [values]
                     y = [100 * v for v in y] if tag == "val/accuracy" else y
-                    y = moving_mean(list(y), 25) if tag == "reward/mean" else y
+                    y = moving_mean(list(y), 25) if tag in ("reward/mean", CLIPPED) else y
                     marker, label = ("o" if tag == "val/accuracy" else None), (r["name"] if ls == "-" else None)
                     ax.plot(x, y, ls=ls, color=f"C{i}", lw=0.9, marker=marker, ms=3, label=label)
                 for st in r["sittings"]:
@@ -366,6 +375,7 @@ class LongRealRun(Benchmark):
             if tags[0] in ("kl/realized", DRIFT) and ax.has_data():
                 ax.set_yscale("log")
         axes.flat[0].legend(fontsize=7)
+        axes.flat[-1].set_visible(len(PANELS) == axes.size)
         for ax in axes[-1]:
             ax.set_xlabel("RL step (dotted: a sitting resumed)")
         fig.suptitle("Long real-model runs (issue 41)", fontsize=10)

@@ -199,6 +199,34 @@ def test_empty_and_all_truncated_batches_are_skipped_and_counted(tmp_path, tiny_
     assert trainer.logged_metrics["health/skipped_steps"] == 0.0
 
 
+def test_truncated_reward_replaces_the_score_of_cut_completions_only(tmp_path, tiny_policy_path):
+    seen = []
+
+    class CutOddSamples(L.Callback):  # samples 1, 3, 5, ... reported cut at max_new_tokens
+        def on_train_start(self, trainer, pl_module):
+            real = pl_module.engine.generate
+
+            def generate(prompt_ids, n, sampling):
+                out = real(prompt_ids, n, sampling)
+                return dataclasses.replace(out, finished=[i % 2 == 0 for i in range(len(out))])
+
+            pl_module.engine.generate = generate
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append((pl_module.last_samples.rewards, dict(trainer.callback_metrics)))
+
+    fit(tmp_path, "adamw", max_steps=2, callbacks=[CutOddSamples()], reward=_one_per_char, truncated_reward=-3.0)
+    for rewards, metrics in seen:
+        assert rewards[1::2] == [-3.0] * (len(rewards) // 2)
+        assert all(r >= 0 for r in rewards[0::2])  # finished samples keep their score (a length, >= 0)
+        assert metrics["reward/mean"].item() == pytest.approx(sum(rewards) / len(rewards))
+        assert metrics["reward/score_mean"].item() > metrics["reward/mean"].item()  # the scores were all >= 0
+
+
+def _one_per_char(prompts, completions, answers):
+    return [float(len(c)) for c in completions]
+
+
 def test_degenerate_rollout_rule():
     ok = Rollout([[1]], [[5, 1], [6]], [[0.0, 0.0], [0.0]], ["a", "b"], [True, False], n=2)
     assert degenerate_rollout(ok) is None

@@ -122,6 +122,7 @@ BAD_VALUES = [
     (["--data.batch_size", "0"], ConfigError, r"data.batch_size=0"),
     (["--model.group_size", "0"], ConfigError, r"model.group_size=0"),
     (["--model.group_size", "1"], ConfigError, r"scale_by_std"),
+    (["--model.truncated_reward", ".nan"], ConfigError, r"model.truncated_reward=nan: allowed None \(off\) or finite"),
     (
         ["--data.train", "logra_lightning.data.JSONLSource", "--data.train.path", "/nonexistent/d.jsonl"],
         DataError,

@@ -164,6 +164,8 @@ def check_module_args(hp: Mapping[str, Any]) -> None:
     check("peak_flops", hp.get("peak_flops") is None or hp["peak_flops"] > 0, "None (measured) or values > 0")
     check("torch_threads", hp["torch_threads"] is None or hp["torch_threads"] >= 1, "None or integers >= 1")
     count("max_consecutive_skips", 0, none_ok=True)
+    cut = hp.get("truncated_reward")
+    check("truncated_reward", cut is None or (_is_number(cut) and math.isfinite(cut)), "None (off) or finite numbers")
     clip = hp.get("gradient_clip_norm")
     check(
         "gradient_clip_norm",

@@ -46,7 +46,8 @@ rest of the step by job: the passes over the policy on one micro-batch plan
 :func:`~logra_lightning.config.checks.check_module_args`.
 
 Logged metrics:
-    ``reward/mean``, ``reward/std``, ``reward/accuracy``, ``reward/errors``, ``val/accuracy``,
+    ``reward/mean``, ``reward/std``, ``reward/accuracy`` (of the rewards trained on), ``reward/score_mean`` (with
+    ``truncated_reward``: before cut completions are given it), ``reward/errors``, ``val/accuracy``,
     ``loss/policy``, ``policy/entropy``, ``policy/clip_frac``, ``policy/approx_kl``,
     ``policy/ref_kl`` (with ``kl_coef > 0``), ``policy/tis_weight_mean`` (with ``tis_cap``), ``rollout/policy_lag``
     (with ``off_policy_steps``: syncs between the sampling weights and the trained ones), ``completion/length_mean``,
@@ -162,6 +163,10 @@ class PolicyGradientModule(HeldOutEvaluation, PolicyPasses, EngineSampling, Step
         peak_flops: one device's peak FLOP/s in the training dtype, the denominator of ``perf/mfu`` (e.g. a
             GPU's datasheet figure); ``None``: measured at the first step by a short matmul
             (:func:`~logra_lightning.rl.throughput.measure_peak_flops`).
+        truncated_reward: the reward of a completion cut at ``max_new_tokens``, in place of its score (e.g. ``0``:
+            an unfinished answer counts as wrong, so a policy that learns to keep talking after its answer is
+            taught to stop; logs ``reward/score_mean``, the mean before it). ``None``: cut completions are scored
+            like any other (docs/failures.md).
 
     Raises:
         ConfigError: an argument out of range (names the key and the allowed range); in
@@ -213,6 +218,7 @@ class PolicyGradientModule(HeldOutEvaluation, PolicyPasses, EngineSampling, Step
         peak_flops: float | None = None,
         attn_implementation: str | None = None,
         compile: bool = False,
+        truncated_reward: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "engine", "reward", "adapter"])
@@ -374,6 +380,9 @@ class PolicyGradientModule(HeldOutEvaluation, PolicyPasses, EngineSampling, Step
             [a for a in answers for _ in range(G)],
             repeat_fields(fields, G),
         )
+        if hp.truncated_reward is not None:
+            self.log("reward/score_mean", rewards.mean().item(), batch_size=len(prompts))
+            rewards = torch.where(torch.tensor(rollout.finished), rewards, hp.truncated_reward)  # [N]
         self.last_samples = ScoredSamples.of(
             self.global_step, prompts, answers, G, rollout.texts, rewards, self.faults.last_parts
         )
