@@ -57,8 +57,19 @@ def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], li
 
 
 def steps_reached(curves: dict[str, list]) -> int:
-    """Training steps done: a step's metrics are logged at the number of steps before it (docs/long_run.md)."""
-    return 1 + curves["perf/step_seconds"][-1][0] if curves.get("perf/step_seconds") else 0
+    """Optimizer steps done: the batches trained on less the batches skipped before scoring.
+
+    A step's metrics are logged at the number of batches before it (docs/long_run.md), and a skipped batch
+    (``health/skipped_batches``, cumulative) moves that axis without an optimizer step, which is what
+    ``--trainer.max_steps`` counts.
+
+    >>> steps_reached({"perf/step_seconds": [(0, 9.0), (11, 9.0)], "health/skipped_batches": [(0, 0.0), (11, 2.0)]})
+    10
+    """
+    if not curves.get("perf/step_seconds"):
+        return 0
+    skipped = curves.get("health/skipped_batches")
+    return 1 + int(curves["perf/step_seconds"][-1][0]) - (int(skipped[-1][1]) if skipped else 0)
 
 
 def by_sitting(points: list, sittings: list[dict], from_step: float, warmup: int = 0) -> list[list]:
