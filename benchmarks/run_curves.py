@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.common import tb_scalars
 
+TRAINED = "perf/step_seconds"  # logged by every batch, skipped ones included: the loggers' step axis
 PHASES = ("rollout", "forward_backward", "optimizer", "weight_sync")  # MemoryMonitor's phases of an RL step
 
 
@@ -32,7 +33,12 @@ def read_run(run_dir: Path, tags: list[str] | None = None) -> tuple[dict[str, li
 
 def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], list[dict]]:
     """One curve per tag from the sittings' ``(version, {tag: [[step, value], ...]})`` in order, each later sitting
-    winning from its first step; and the sittings. A step logged twice in one sitting keeps its later value."""
+    winning from its first step; and the sittings. A step logged twice in one sitting keeps its later value.
+
+    A sitting's first step is its first trained batch (:data:`TRAINED`) where it logged one, and its points before
+    that are left out: logs written before ``logra_lightning.rl.evaluation.logged_step`` hold whole-set evaluations
+    at the global step, which lags the batch axis by the batches skipped so far (they would land among an earlier
+    sitting's steps)."""
     curves: dict[str, list] = {}
     sittings: list[dict] = []
     for version, scalars in logs:
@@ -41,9 +47,10 @@ def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], li
         if not steps:
             sittings.append({"version": version, "first_step": None, "last_step": None, "resumed_from_step": None})
             continue
-        first, resumed = min(steps), any(s["first_step"] is not None for s in sittings)
+        trained = [int(s) for s, _ in scalars.get(TRAINED, [])]
+        first, resumed = min(trained or steps), any(s["first_step"] is not None for s in sittings)
         for tag in {*curves, *scalars}:
-            own = {int(s): v for s, v in scalars.get(tag, [])}
+            own = {int(s): v for s, v in scalars.get(tag, []) if s >= first}
             curves[tag] = [p for p in curves.get(tag, []) if p[0] < first] + [[s, v] for s, v in sorted(own.items())]
         sittings.append(
             {
@@ -66,10 +73,10 @@ def steps_reached(curves: dict[str, list]) -> int:
     >>> steps_reached({"perf/step_seconds": [(0, 9.0), (11, 9.0)], "health/skipped_batches": [(0, 0.0), (11, 2.0)]})
     10
     """
-    if not curves.get("perf/step_seconds"):
+    if not curves.get(TRAINED):
         return 0
     skipped = curves.get("health/skipped_batches")
-    return 1 + int(curves["perf/step_seconds"][-1][0]) - (int(skipped[-1][1]) if skipped else 0)
+    return 1 + int(curves[TRAINED][-1][0]) - (int(skipped[-1][1]) if skipped else 0)
 
 
 def by_sitting(points: list, sittings: list[dict], from_step: float, warmup: int = 0) -> list[list]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.loggers.logger import Logger
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("LOGRA_CACHE_DIR", str(ROOT / ".cache" / "logra"))
@@ -154,3 +155,28 @@ def vllm_greedy_answers(model_dir, prompts: list[str], max_tokens: int = 5) -> l
         return [o.outputs[0].text.strip() for o in outs]
     finally:
         llm.llm_engine.engine_core.shutdown()
+
+
+class ListLogger(Logger):
+    """Keeps every ``log_metrics`` call in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "list"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def series(self, key: str) -> list[float]:
+        return [m[key] for _, m in self.rows if key in m]

@@ -14,6 +14,7 @@ import math
 import lightning as L
 import pytest
 import torch
+from conftest import ListLogger  # tests/conftest.py
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from logra_lightning.data import ArithmeticSource, PromptDataModule
@@ -225,6 +226,35 @@ def test_truncated_reward_replaces_the_score_of_cut_completions_only(tmp_path, t
 
 def _one_per_char(prompts, completions, answers):
     return [float(len(c)) for c in completions]
+
+
+def test_evaluations_after_a_skipped_batch_are_logged_on_the_training_metrics_axis(tmp_path, tiny_policy_path):
+    class CutSecondBatch(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            real, calls = pl_module.engine.generate, []
+
+            def generate(prompt_ids, n, sampling):
+                out = real(prompt_ids, n, sampling)
+                calls.append(n)  # the held-out evaluation samples once per prompt, a training rollout n > 1
+                train_batches = sum(k > 1 for k in calls)
+                return dataclasses.replace(out, finished=[False] * len(out)) if n > 1 and train_batches == 2 else out
+
+            pl_module.engine.generate = generate
+
+    logger = ListLogger()
+    module = PolicyGradientModule("builtin:arithmetic-tiny", group_size=4, max_new_tokens=5)
+    dm = PromptDataModule(ArithmeticSource("train"), ArithmeticSource("test", test_size=8), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=2, logger=logger, log_every_n_steps=1, callbacks=[CutSecondBatch()], enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="all truncated at global step 1"):
+        trainer.fit(module, dm)
+    trained = [step for step, m in logger.rows if "perf/step_seconds" in m]
+    evaluated = [step for step, m in logger.rows if "val/accuracy" in m]
+    assert trainer.global_step == 2 and trained == [0, 1, 2]  # batch 1 was skipped, and logged its health
+    assert evaluated == [0, 3]  # before RL, and after the last batch: not at global step 2, among batch 2's metrics
+    assert [step for step, _ in module.accuracy_history] == [0, 2]  # the fit summary counts optimizer steps
 
 
 def test_degenerate_rollout_rule():

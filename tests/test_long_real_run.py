@@ -49,6 +49,23 @@ def test_a_resumed_sitting_wins_from_its_first_step_and_versions_read_in_numeric
     ]
 
 
+def test_a_sitting_starts_at_its_first_trained_batch_and_steps_count_optimizer_steps() -> None:
+    # sitting 0 trained batches 0-11, two of them skipped, and was killed after the checkpoint of optimizer step 8
+    # (batch 10); sitting 1 logged its start and end evaluations at global steps 8 and 12 (the older library's
+    # axis), and trained batches 10-14
+    first = {"perf/step_seconds": [[s, 1.0] for s in range(12)], "health/skipped_batches": [[11, 2.0]]}
+    later = {
+        "perf/step_seconds": [[s, 1.0] for s in range(10, 15)],
+        "health/skipped_batches": [[14, 2.0]],
+        "val/accuracy": [[8, 0.5], [12, 0.6]],
+    }
+    curves, sittings = run_curves.stitch([(0, {**first, "val/accuracy": [[0, 0.1]]}), (1, later)])
+    assert sittings[1]["first_step"] == 10 and [s for s, _ in curves["perf/step_seconds"]] == list(range(15))
+    # the point at 8 falls before the sitting's first batch and is left out; the one at 12 stays, 2 batches early
+    assert curves["val/accuracy"] == [[0, 0.1], [12, 0.6]]
+    assert run_curves.steps_reached(curves) == 13  # 15 batches, 2 skipped
+
+
 def test_rss_slope_takes_the_second_half_with_one_intercept_per_sitting(tmp_path: Path) -> None:
     # 2 MB per 100 steps in each sitting; the resumed process starts 200 MB lower, so one line through all would fall
     first = [(s, 1.5 + 2e-5 * s) for s in range(0, 25)]

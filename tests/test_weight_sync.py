@@ -15,8 +15,8 @@ import dataclasses
 import lightning as L
 import pytest
 import torch
+from conftest import ListLogger  # tests/conftest.py
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers.logger import Logger
 from torch.utils.data import DataLoader
 
 from logra_lightning.callbacks.weight_sync import LowRankWeightSync
@@ -32,31 +32,6 @@ RANK = 4
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory) -> str:
     return build_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelConfig(num_layers=1))
-
-
-class ListLogger(Logger):
-    """Keeps every ``log_metrics`` call in memory."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int, dict]] = []
-
-    @property
-    def name(self) -> str:
-        return "list"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params, *args, **kwargs) -> None:
-        pass
-
-    def log_metrics(self, metrics, step=None) -> None:
-        self.rows.append((step, dict(metrics)))
-
-    def series(self, key: str) -> list[float]:
-        return [m[key] for _, m in self.rows if key in m]
 
 
 class SyncedModule(L.LightningModule):

@@ -8,8 +8,8 @@ least ``correct_reward``):
 
 * ``validation_step``: per validation batch, ``val/accuracy``;
 * at the start and the end of ``fit``: the whole validation set at once
-  (:func:`~logra_lightning.rollout.greedy.greedy_accuracy`), logged at that step to every logger
-  (:func:`log_accuracy`);
+  (:func:`~logra_lightning.rollout.greedy.greedy_accuracy`), logged to every logger (:func:`log_accuracy`)
+  on the step axis of the training metrics (:func:`logged_step`);
 * at the end of ``fit``: ``summary.json`` in the log directory and one printed line
   (:func:`write_fit_summary`): accuracy before and after, steps, seconds.
 
@@ -34,6 +34,13 @@ from typing_extensions import override
 from logra_lightning._util import full
 from logra_lightning.data.module import collate_records, record_fields
 from logra_lightning.rollout.greedy import correct, greedy_accuracy, greedy_completions
+
+
+def logged_step(trainer: Any) -> int:
+    """The step the loggers put the next metrics at: Lightning's count of batches trained, which a batch skipped
+    before scoring moves without an optimizer step. It equals ``global_step`` until a batch is skipped; logging an
+    evaluation at ``global_step`` after skips would put it among earlier steps' metrics."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
 def log_accuracy(loggers: Sequence[Any], accuracy: float, step: int) -> None:
@@ -169,7 +176,7 @@ class HeldOutEvaluation:
         acc = self.evaluate()
         if acc is not None:
             self.accuracy_history.append((self.global_step, acc))
-            log_accuracy(self.loggers, acc, self.global_step)
+            log_accuracy(self.loggers, acc, logged_step(self.trainer))
 
     @override
     def on_fit_end(self) -> None:
@@ -177,7 +184,7 @@ class HeldOutEvaluation:
             return
         acc = self.evaluate()
         self.accuracy_history.append((self.global_step, acc))
-        log_accuracy(self.loggers, acc, self.global_step)
+        log_accuracy(self.loggers, acc, logged_step(self.trainer))
         log_dir = self.trainer.log_dir  # a broadcast under DDP/FSDP: read it once, on every rank
         write_fit_summary(
             self.accuracy_history,

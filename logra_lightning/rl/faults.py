@@ -191,7 +191,8 @@ class FaultPolicy:
             if kind == "step"
             else (
                 f"batch skipped (counted in health/skipped_batches; raise model.max_new_tokens="
-                f"{self.max_new_tokens} if completions are cut off)"
+                f"{self.max_new_tokens} if answers need more tokens, or set model.truncated_reward=0 if the policy "
+                "learned to keep going after its answer)"
             )
         )
         self._warn_once(
