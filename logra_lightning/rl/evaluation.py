@@ -39,7 +39,8 @@ from logra_lightning.rollout.greedy import correct, greedy_accuracy, greedy_comp
 def logged_step(trainer: Any) -> int:
     """The step the loggers put the next metrics at: Lightning's count of batches trained, which a batch skipped
     before scoring moves without an optimizer step. It equals ``global_step`` until a batch is skipped; logging an
-    evaluation at ``global_step`` after skips would put it among earlier steps' metrics."""
+    evaluation at ``global_step`` after skips would put it among earlier steps' metrics. Lightning keeps it in a
+    private field, the one its logger connector reads; it has no public name."""
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
