@@ -11,12 +11,13 @@ Run (hours: each row is a ``logra fit`` of SmolLM2-135M-Instruct, continued wher
 Rows (:data:`ROWS`): ``logra`` (``configs/smollm2_long.yaml``, 1,100 steps), ``adamw`` and ``lora`` (its
 counterparts, 300), ``logra_seed1`` (the LoGRA config with ``--seed_everything 1``, logged as
 ``smollm2_long_seed1``, 300), ``logra_seed1_cut0`` (the same with ``--model.truncated_reward 0``: a completion cut
-at the length limit scores 0, ``smollm2_long_seed1_cut0``, 300). A row short of its steps runs ``logra fit --config
-C --trainer.max_steps N`` (with ``--ckpt_path last`` when its run has a checkpoint) in a subprocess that logs to
-``<work-dir>/<run>/fit_*.log``; the runs write where the configs do (``runs/<run>/version_N``), not to the
-benchmark cache. Each sitting is a new ``version_N``: ``benchmarks/run_curves.py`` reads them in order, a later
-one winning from its first step (docs/long_run.md), and the row keeps its sittings ``{version, first_step,
-last_step, resumed_from_step}``.
+at the length limit scores 0, ``smollm2_long_seed1_cut0``, 300), ``logra_cut0`` (seed 0 with it,
+``smollm2_long_cut0``, 1,100: the LoGRA run again, with the kernel caches bounded from step 0). A row short of
+its steps runs ``logra fit --config C --trainer.max_steps N`` (with ``--ckpt_path last`` when its run has a
+checkpoint) in a subprocess that logs to ``<work-dir>/<run>/fit_*.log``; the runs write where the configs do
+(``runs/<run>/version_N``), not to the benchmark cache. Each sitting is a new ``version_N``:
+``benchmarks/run_curves.py`` reads them in order, a later one winning from its first step (docs/long_run.md), and
+the row keeps its sittings ``{version, first_step, last_step, resumed_from_step}``.
 
 Per row: per-step series of :data:`TAGS` (``[[step, value], ...]``, 4 significant digits), held-out accuracy
 (base at step 0, best, last, gain), skipped steps and batches, the share of completions cut at the length limit
@@ -88,6 +89,7 @@ ROWS = {
     "logra_seed1_cut0": Run(
         "smollm2_long.yaml", 300, ("--seed_everything", "1", "--model.truncated_reward", "0"), "smollm2_long_seed1_cut0"
     ),
+    "logra_cut0": Run("smollm2_long.yaml", 1100, ("--model.truncated_reward", "0"), "smollm2_long_cut0"),
 }
 TRAINER_RSS, ENGINE_RSS, DRIFT = "memory/forward_backward/current_gb", "memory/engine_rss_gb", "sync/weight_drift_max"
 WARMUP_STEPS = 50  # a sitting's first steps, left out of the RSS slopes (module docstring: definition 2)
