@@ -200,18 +200,24 @@ def test_empty_and_all_truncated_batches_are_skipped_and_counted(tmp_path, tiny_
     assert trainer.logged_metrics["health/skipped_steps"] == 0.0
 
 
+class EditRollouts(L.Callback):
+    """Passes every rollout of the fit's engine through :meth:`edit` (``out``: the rollout, ``n``: samples per
+    prompt)."""
+
+    def edit(self, out: Rollout, n: int) -> Rollout:
+        raise NotImplementedError
+
+    def on_train_start(self, trainer, pl_module):
+        real = pl_module.engine.generate
+        pl_module.engine.generate = lambda prompt_ids, n, sampling: self.edit(real(prompt_ids, n, sampling), n)
+
+
 def test_truncated_reward_replaces_the_score_of_cut_completions_only(tmp_path, tiny_policy_path):
     seen = []
 
-    class CutOddSamples(L.Callback):  # samples 1, 3, 5, ... reported cut at max_new_tokens
-        def on_train_start(self, trainer, pl_module):
-            real = pl_module.engine.generate
-
-            def generate(prompt_ids, n, sampling):
-                out = real(prompt_ids, n, sampling)
-                return dataclasses.replace(out, finished=[i % 2 == 0 for i in range(len(out))])
-
-            pl_module.engine.generate = generate
+    class CutOddSamples(EditRollouts):  # samples 1, 3, 5, ... reported cut at max_new_tokens
+        def edit(self, out, n):
+            return dataclasses.replace(out, finished=[i % 2 == 0 for i in range(len(out))])
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seen.append((pl_module.last_samples.rewards, dict(trainer.callback_metrics)))
@@ -229,17 +235,12 @@ def _one_per_char(prompts, completions, answers):
 
 
 def test_evaluations_after_a_skipped_batch_are_logged_on_the_training_metrics_axis(tmp_path, tiny_policy_path):
-    class CutSecondBatch(L.Callback):
-        def on_train_start(self, trainer, pl_module):
-            real, calls = pl_module.engine.generate, []
+    class CutSecondBatch(EditRollouts):
+        rollouts = 0  # the held-out evaluation samples once per prompt, a training rollout n > 1
 
-            def generate(prompt_ids, n, sampling):
-                out = real(prompt_ids, n, sampling)
-                calls.append(n)  # the held-out evaluation samples once per prompt, a training rollout n > 1
-                train_batches = sum(k > 1 for k in calls)
-                return dataclasses.replace(out, finished=[False] * len(out)) if n > 1 and train_batches == 2 else out
-
-            pl_module.engine.generate = generate
+        def edit(self, out, n):
+            self.rollouts += n > 1
+            return dataclasses.replace(out, finished=[False] * len(out)) if n > 1 and self.rollouts == 2 else out
 
     logger = ListLogger()
     module = PolicyGradientModule("builtin:arithmetic-tiny", group_size=4, max_new_tokens=5)
