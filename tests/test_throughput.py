@@ -17,7 +17,7 @@ from logra_lightning.errors import ConfigError
 from logra_lightning.models.architectures import tiny_hf_config
 from logra_lightning.optim import LoGRA
 from logra_lightning.rl.module import PolicyGradientModule
-from logra_lightning.rl.throughput import ModelDims, training_dtype
+from logra_lightning.rl.throughput import ModelDims, measure_peak_flops, training_dtype
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])
@@ -57,6 +57,15 @@ def test_training_flops_frozen_weights_skip_their_gradients():
 )  # fmt: skip
 def test_training_dtype_follows_lightning_precision(precision, dtype):
     assert training_dtype(precision, torch.float32) is dtype
+
+
+def test_the_peak_probe_runs_in_its_own_dtype_inside_autocast(monkeypatch):
+    # the first step measures the peak inside Lightning's autocast, which would run a float32 probe in bf16
+    dtypes, matmul = [], torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: dtypes.append((out := matmul(a, b)).dtype) or out)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measure_peak_flops(torch.float32, size=32, seconds=0.0)
+    assert dtypes and set(dtypes) == {torch.float32}
 
 
 def tiny_module(**kwargs) -> PolicyGradientModule:

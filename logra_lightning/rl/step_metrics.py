@@ -4,7 +4,8 @@
 keys are listed in that module's docstring. Phase times come from the module's ``_seconds``, filled by
 :func:`~logra_lightning.rl.phases.announce_phase`; ``perf/mfu`` divides the training phase's model
 FLOPs (:class:`~logra_lightning.rl.throughput.ModelDims`) by its seconds and by the device's peak,
-measured once at the first step unless ``peak_flops`` was given.
+measured once at the first step unless ``peak_flops`` was given; on a CPU whose bf16 (or fp16) matmuls
+are slower than its fp32 ones, a warning names the faster precision.
 
 Example::
 
@@ -18,8 +19,9 @@ from __future__ import annotations
 import time
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
-from logra_lightning.rl.throughput import measure_peak_flops, training_dtype
+from logra_lightning.rl.throughput import low_precision_advice, measure_peak_flops, training_dtype
 from logra_lightning.rl.trajectory import Trajectory
 from logra_lightning.rollout import Rollout
 
@@ -62,6 +64,10 @@ class StepMetrics:
         if self._peak_flops is None:  # measured once, with the step's threads and precision
             dtype = training_dtype(self.trainer.precision, next(self.policy.parameters()).dtype)
             self._peak_flops = measure_peak_flops(dtype, self.device)
+            if self.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+                advice = low_precision_advice(dtype, self._peak_flops, measure_peak_flops(torch.float32))
+                if advice:
+                    rank_zero_warn(advice)
         lengths, completion = traj.seqs.lengths.tolist(), int(traj.seqs.mask.sum())
         flops = self.hparams.ppo_epochs * self._dims.training_flops(lengths, completion, self.adapter is None)
         self.log("perf/mfu", flops / seconds / self._peak_flops, prog_bar=True, batch_size=batch_size)

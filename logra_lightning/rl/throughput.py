@@ -78,9 +78,15 @@ def measure_peak_flops(
 ) -> float:
     """FLOP/s of the fastest of repeated ``[size, size] @ [size, size]`` matmuls in ``dtype`` on ``device``.
 
-    Runs with the current ``torch.get_num_threads()``, the threads the step will use.
+    Runs with the current ``torch.get_num_threads()``, the threads the step will use, and with autocast off
+    (the first step calls it inside Lightning's autocast, which would turn a float32 probe into bf16).
     """
     device = torch.device(device)
+    with torch.autocast(device.type, enabled=False):
+        return _best_matmul_flops(dtype, device, size, seconds)
+
+
+def _best_matmul_flops(dtype: torch.dtype, device: torch.device, size: int, seconds: float) -> float:
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -95,3 +101,27 @@ def measure_peak_flops(
         if i >= 3 and time.perf_counter() > deadline:
             break
     return 2 * size**3 / best
+
+
+def low_precision_advice(dtype: torch.dtype, peak: float, fp32_peak: float) -> str | None:
+    """A warning when ``dtype``'s matmuls are slower than fp32's on this device, else ``None``.
+
+    bf16 pays on CPUs with bf16 matrix units (Intel AMX): 7-9x fp32 on a Sapphire Rapids Xeon. Without them
+    PyTorch's CPU bf16 matmul can run below fp32 (0.5x on a Xeon exposing ``avx512_bf16`` but not AMX,
+    docs/speed.md), and a ``bf16-mixed`` run is then slower than ``32-true`` with nothing gained.
+
+    Example::
+
+        >>> low_precision_advice(torch.bfloat16, peak=2.8e12, fp32_peak=0.35e12) is None
+        True
+        >>> print(low_precision_advice(torch.bfloat16, peak=0.15e12, fp32_peak=0.3e12))  # doctest: +ELLIPSIS
+        bfloat16 matmuls run at 0.15 TFLOP/s on this device against float32's 0.30 (0.50x): ...
+    """
+    if dtype == torch.float32 or peak >= 0.9 * fp32_peak:  # within the probe's noise of fp32: no advice
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return (
+        f"{name} matmuls run at {peak / 1e12:.2f} TFLOP/s on this device against float32's "
+        f"{fp32_peak / 1e12:.2f} ({peak / fp32_peak:.2f}x): this CPU has no {name} matrix units, so "
+        "--trainer.precision 32-true (and the engine's dtype: float32) is faster here (docs/speed.md)"
+    )
