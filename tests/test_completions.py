@@ -11,6 +11,7 @@ from conftest import tiny_run  # tests/conftest.py
 from logra_lightning.callbacks import LogCompletions
 from logra_lightning.cli import run
 from logra_lightning.errors import ConfigError
+from logra_lightning.rewards.reasoning_gym import encode_reference
 
 
 def test_completions_reach_the_jsonl_file_tensorboard_and_the_printout(tmp_path, capsys, tiny_policy_path):
@@ -28,6 +29,17 @@ def test_completions_reach_the_jsonl_file_tensorboard_and_the_printout(tmp_path,
     assert [e.step for e in acc.Tensors("completions/text_summary")] == [0, 1]
     out = capsys.readouterr().out
     assert "sample completions at RL step 1" in out and out.count("  reward ") == 4
+
+
+def test_the_printout_shows_the_question_and_a_reasoning_gym_records_reference_answer(capsys):
+    cb = LogCompletions(print_rows=1)
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM.<|im_end|>\n"
+    prompt = system + "<|im_start|>user\nState the final answer: 1 + 6 =<|im_end|>\n<|im_start|>assistant\n"
+    answer = encode_reference("chain_sum", {"max_terms": 2}, seed=0, size=5, index=3, answer="7")
+    cb.last_rows = [{"step": 3, "prompt": prompt, "completion": " 7.", "answer": answer, "reward": 1.0}]
+    cb.on_fit_end(None, None)
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "answer '7'" in line and "1 + 6 =" in line and "SmolLM" not in line
 
 
 @pytest.mark.parametrize("kwargs", [{"every_n_steps": 0}, {"num_rows": -1}, {"print_rows": -1}])

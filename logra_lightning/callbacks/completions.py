@@ -10,7 +10,9 @@ and writes them
 * as a text table under ``completions`` to every TensorBoard logger,
 * as a table under ``completions`` to every W&B logger (TRL's ``log_completions``),
 
-and at the end of fit prints the first ``print_rows`` of the last step it logged. ``logra fit``
+and at the end of fit prints the first ``print_rows`` of the last step it logged (each prompt's end, where
+the question is). TensorBoard and the printout show a reasoning-gym record's reference answer, the JSONL its
+whole address. ``logra fit``
 adds it (every 10 steps) unless the config names one. A module without ``last_samples`` (not
 :class:`~logra_lightning.PolicyGradientModule`) is left alone.
 
@@ -29,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
 from logra_lightning.errors import ConfigError
+from logra_lightning.rewards.reasoning_gym import readable_answer
 
 COLUMNS = ("step", "prompt", "completion", "answer", "reward")
 
@@ -36,6 +39,11 @@ COLUMNS = ("step", "prompt", "completion", "answer", "reward")
 def _cell(value: Any, max_chars: int | None) -> str:
     text = f"{value:.3f}" if isinstance(value, float) else str(value)
     return text if max_chars is None or len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def _tail(text: str, max_chars: int) -> str:
+    """The end of ``text``: a chat-templated prompt starts with its system prompt and ends with the question."""
+    return text if len(text) <= max_chars else "…" + text[-(max_chars - 1) :]
 
 
 def markdown_table(rows: list[dict], max_chars: int | None = None) -> str:
@@ -123,7 +131,8 @@ class LogCompletions(Callback):
         for logger in trainer.loggers:
             kind = type(logger).__name__
             if kind == "TensorBoardLogger":
-                logger.experiment.add_text("completions", markdown_table(rows, self.max_chars), global_step=step)
+                shown = [r | {"answer": readable_answer(r["answer"])} for r in rows]
+                logger.experiment.add_text("completions", markdown_table(shown, self.max_chars), global_step=step)
             elif kind == "WandbLogger":
                 logger.log_table(key="completions", columns=list(rows[0]), data=[list(r.values()) for r in rows])
 
@@ -135,7 +144,8 @@ class LogCompletions(Callback):
         lines = [f"\nsample completions at RL step {rows[0]['step']} (all logged samples: {self.path}):"]
         for r in rows:
             lines.append(
-                f"  reward {r['reward']:.3f} | answer {_cell(r['answer'], 60)!r} | {_cell(r['prompt'], 80)!r} -> "
+                f"  reward {r['reward']:.3f} | answer {_cell(readable_answer(r['answer']), 60)!r} | "
+                f"{_tail(r['prompt'], 80)!r} -> "
                 f"{_cell(r['completion'], self.max_chars)!r}"
             )
         # print, not logging: vLLM reconfigures the logging module (as rl/evaluation.py's summary line notes)

@@ -127,6 +127,25 @@ def encode_reference(
     return json.dumps(ref | ({"answer": answer} if answer is not None else {}))
 
 
+def readable_answer(answer: Any) -> Any:
+    """The reference answer a record's ``answer`` carries: ``answer`` itself unless it is a reasoning-gym reference.
+
+    Example::
+
+        >>> readable_answer(encode_reference("chain_sum", {}, seed=0, size=5, index=3, answer="7"))
+        '7'
+        >>> readable_answer("12")
+        '12'
+    """
+    if not isinstance(answer, str) or not answer.startswith("{"):
+        return answer
+    try:
+        ref = json.loads(answer)
+    except json.JSONDecodeError:
+        return answer
+    return str(ref["answer"]) if isinstance(ref, dict) and REFERENCE_TAG in ref and "answer" in ref else answer
+
+
 def entry_of(reference: str) -> tuple[Any, dict]:
     """``(dataset, entry)`` addressed by a reference string from :func:`encode_reference`.
 
