@@ -18,13 +18,21 @@ Example::
     2
     >>> del owner; call(1) is None  # the object is gone: a no-op
     True
+    >>> import os
+    >>> with environment({"LOGRA_DOC_A": "1"}, {"LOGRA_DOC_B": "2"}):
+    ...     os.environ["LOGRA_DOC_A"], os.environ["LOGRA_DOC_B"]
+    ('1', '2')
+    >>> "LOGRA_DOC_A" in os.environ or "LOGRA_DOC_B" in os.environ  # put back as it was
+    False
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -87,3 +95,23 @@ def mix_seed(seed: int, step: int, salt: int = 0) -> int:
     x ^= x >> 31
     x = (x * 0xD6E8FEB86659FD93) & _MASK63
     return x ^ (x >> 29)
+
+
+@contextmanager
+def environment(overrides: dict[str, str], defaults: dict[str, str]) -> Iterator[None]:
+    """``overrides`` set, and ``defaults`` where unset, in ``os.environ`` inside the block; put back after.
+
+    For settings read when something starts (vLLM's engine processes inherit them) or is first imported
+    (``datasets`` reads ``HF_DATASETS_OFFLINE``), without changing this process's environment for good.
+    """
+    values = {**{k: v for k, v in defaults.items() if k not in os.environ}, **overrides}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

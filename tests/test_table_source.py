@@ -4,6 +4,7 @@ reads a Parquet file whose extra column the reward asks for."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -88,8 +89,10 @@ def test_construction_errors(tmp_path, monkeypatch):
 def test_a_datasets_name_loads_only_from_the_local_cache(tmp_path, monkeypatch):
     pytest.importorskip("datasets")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     with pytest.raises(DataError, match=r"from the local `datasets` cache \(loaded offline"):
         TableSource("no-such-user/no-such-dataset", from_hub=True).load()
+    assert "HF_DATASETS_OFFLINE" not in os.environ  # offline while it loads, the environment left as it was
 
 
 REWARD = """

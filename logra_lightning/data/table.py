@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from logra_lightning._util import environment
 from logra_lightning.data.source import PromptSource
 from logra_lightning.data.template import check_template, render_prompt
 from logra_lightning.errors import ConfigError, DataError
@@ -119,18 +119,18 @@ def _iter_parquet(path: Path) -> Iterator[tuple[str, object]]:
 
 
 def _iter_hub(name: str, config: str | None, split: str) -> Iterator[tuple[str, object]]:
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # the local cache only: nothing is downloaded at run time
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import datasets  # checked in __init__
+    # the local cache only: nothing is downloaded at run time (unless the user set these otherwise)
+    with environment({}, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}):
+        import datasets  # checked in __init__
 
-    try:
-        rows = datasets.load_dataset(name, config, split=split)
-    except Exception as err:  # noqa: BLE001 - not cached, unknown name, bad split: all mean "use a local file"
-        raise DataError(
-            f"{name}: could not load split {split!r} from the local `datasets` cache (loaded offline; "
-            f"{type(err).__name__}: {' '.join(str(err).split())[:200]}); download it where the Hub is reachable "
-            "(datasets.load_dataset), or save it as .jsonl/.parquet and pass that file as path"
-        ) from None
+        try:
+            rows = datasets.load_dataset(name, config, split=split)
+        except Exception as err:  # noqa: BLE001 - not cached, unknown name, bad split: all mean "use a local file"
+            raise DataError(
+                f"{name}: could not load split {split!r} from the local `datasets` cache (loaded offline; "
+                f"{type(err).__name__}: {' '.join(str(err).split())[:200]}); download it where the Hub is "
+                "reachable (datasets.load_dataset), or save it as .jsonl/.parquet and pass that file as path"
+            ) from None
     for i, row in enumerate(rows, start=1):
         yield f"{name}[{split}]: row {i}", row
 

@@ -56,15 +56,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from logra_lightning._util import environment
 from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 from logra_lightning.rollout.base import EngineSpec, LowRankUpdate, Rollout, SamplingConfig
 from logra_lightning.rollout.checkpoint_names import CheckpointNames
@@ -73,23 +72,6 @@ from logra_lightning.rollout.vllm.plugin import BACKEND, check_installed
 from logra_lightning.rollout.vllm.sender import LLMClient, LowRankSender, ReadsBackWeights, describe_unplaced
 
 GiB = 1 << 30
-
-
-@contextmanager
-def _environment(overrides: dict[str, str], defaults: dict[str, str]) -> Iterator[None]:
-    """Set ``overrides``, and ``defaults`` where unset, while vLLM starts its processes (they inherit
-    them); put back what was there after, so this process's environment is left as it was."""
-    values = {**{k: v for k, v in defaults.items() if k not in os.environ}, **overrides}
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class VLLMEngine(ReadsBackWeights):
@@ -164,7 +146,7 @@ class VLLMEngine(ReadsBackWeights):
             defaults.update(CPU_KERNEL_CACHES)
         try:
             # quiet: its chat-template warm-up needs the tokenizer we skip
-            with quiet_loggers("vllm.renderers.base"), _environment(overrides, defaults):
+            with quiet_loggers("vllm.renderers.base"), environment(overrides, defaults):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise RuntimeError(
