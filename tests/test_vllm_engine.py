@@ -199,7 +199,9 @@ def test_inplace_updates_through_vllm_loaders_match_loading_the_updated_tensors(
 # ---------------------------------------------------------------- a real engine
 def start_engine(path: str) -> types.SimpleNamespace:
     policy, tok = load_policy(path)
-    engine = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0).build(path, policy, tok)
+    # blocks of 32 tokens (vLLM's CPU default is 128): a prompt of 32+ tokens fills one, for the prefix cache's test
+    spec = VLLMEngineSpec(dtype="float32", kv_cache_space_gb=1, seed=0, engine_kwargs={"block_size": 32})
+    engine = spec.build(path, policy, tok)
     return types.SimpleNamespace(engine=engine, path=path, policy=policy, tok=tok)
 
 
@@ -297,6 +299,29 @@ def check_updates_match_hf(env) -> None:
     eng.load_weights(env.policy.named_parameters())  # a full sync puts the original weights back
     out = eng.generate(_prompts(tok), n=2, sampling=sampling)
     assert logprob_gap(out, env.policy, temperature=1.0).max() < 1e-4
+
+
+@pytest.mark.vllm
+def test_samples_read_their_prompts_blocks_from_the_prefix_cache_and_a_sync_clears_them(engine_env):
+    """A prompt that fills a KV-cache block is prefilled once before its n samples (choice 7 of
+    ``rollout/vllm/engine.py``), which then read its blocks from vLLM's prefix cache; every sync resets the
+    cache, so the samples after one follow the new weights."""
+    env = engine_env
+    eng, tok = env.engine, env.tok
+    eng.load_weights(env.policy.named_parameters())
+    prompts = [tok.encode("12+34=" * 6), tok.encode("7+8=" * 9)]  # 36 tokens each: one full block of 32
+    assert eng.prefix_block == 32 and min(map(len, prompts)) >= 32
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, seed=5)
+    out = eng.generate(prompts, n=4, sampling=sampling)
+    assert logprob_gap(out, env.policy, temperature=1.0).max() < 1e-4
+    reference = HFEngine(env.policy, tok, copy_weights=True)
+    updates, dense = random_updates(reference.model, rank=4, seed=0)
+    eng.apply_lowrank_updates(updates, dense)
+    reference.apply_lowrank_updates(updates, dense)
+    out = eng.generate(prompts, n=4, sampling=sampling)
+    gap = logprob_gap(out, reference.model, temperature=1.0)
+    assert gap.mean() <= 1e-3 and gap.max() <= 1e-2  # the tolerances of check_updates_match_hf
+    eng.load_weights(env.policy.named_parameters())  # the original weights back for the other tests
 
 
 @pytest.mark.vllm
