@@ -200,6 +200,43 @@ def test_inplace_updates_through_vllm_loaders_match_loading_the_updated_tensors(
         add_through_loader_([layers.down.weight], lambda t: None, 1.0, torch.ones(hidden, inter))
 
 
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
+def test_the_worker_adds_directly_to_a_weight_its_loader_writes_whole():
+    """After its first update through the loader, a name vLLM loads as it is gets ``c*W + delta`` without loads."""
+    from logra_lightning.rollout.vllm.worker import LowRankApplier, _SyncState
+
+    hidden, hs, heads, inter, vocab = 32, 8, 4, 48, 128  # 128 rows: the embedding is not padded
+    with fake_tp(0, 1):
+        layers = _Layers(hidden, hs, heads, 2, inter, vocab)
+    g = torch.Generator().manual_seed(0)
+    shapes = {"emb.weight": (vocab, hidden), "down.weight": (hidden, inter), "q_proj.weight": (heads * hs, hidden)}
+    for name, shape in shapes.items():
+        layers.load_weights([(name, torch.randn(shape, generator=g))])
+    applier = LowRankApplier.__new__(LowRankApplier)  # its in-place path only: no engine, no shadow
+    applier.model, applier.state = layers, _SyncState("auto")
+    applier.state.targets = trace_targets(layers, shapes.items())
+    loads = []
+    load_weights = layers.load_weights
+    layers.load_weights = lambda weights: loads.append(1) or load_weights(weights)
+    for name, shape in shapes.items():
+        ((module, attr),) = applier.state.targets[name]
+        weight = getattr(getattr(layers, module), attr)
+        expected = weight.detach().clone()
+        for step, c in enumerate((0.9, 1.0, 0.8)):
+            delta = torch.randn(shape, generator=g)
+            loads.clear()
+            applier._add(name, c, delta)
+            if name == "q_proj.weight":  # a shard of the fused qkv: always through the loader
+                expected[: heads * hs] = c * expected[: heads * hs] + delta
+                assert len(loads) == 2
+            else:
+                expected = c * expected + delta
+                assert len(loads) == (2 if step == 0 else 0), (name, step)
+            torch.testing.assert_close(weight.detach(), expected, rtol=0, atol=1e-6)
+    assert applier.state.whole == {"emb.weight", "down.weight"}
+
+
 # ---------------------------------------------------------------- a real engine
 def start_engine(path: str) -> types.SimpleNamespace:
     policy, tok = load_policy(path)
