@@ -373,7 +373,7 @@ class LoGRA(cand.AppliedUpdates, state_io.Checkpointing, SketchedGradients, torc
         """Max ``|element|`` of the scale-1 candidate update Δ (incl. weight decay) over all params."""
         self._require_prepared("update_max_abs()")
         deltas = (self.update_delta(p) for p in self.step_state.pending)  # one matrix at a time
-        return max((float(d.abs().max()) for d in deltas if d.numel()), default=0.0)  # a rank may hold no rows
+        return max((sk.max_abs(d) for d in deltas if d.numel()), default=0.0)  # a rank may hold no rows
 
     @torch.no_grad()
     @rounding.outside_autocast

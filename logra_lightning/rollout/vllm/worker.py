@@ -390,7 +390,8 @@ class LowRankApplier:
             st.rewrite.add(name)
 
     def _add(self, name: str, c: float, delta: torch.Tensor) -> None:
-        """In place ``W <- c*W + delta`` through vLLM's own loader for ``name`` (see :func:`add_through_loader_`)."""
+        """In place ``W <- c*W + delta``: through vLLM's own loader for ``name`` (see :func:`add_through_loader_`), or
+        directly once that loader was seen to write it whole (choice 5)."""
         st, model = self.state, self.model
         params = [getattr(model.get_submodule(m), attr) for m, attr in st.targets[name]]
         if name in st.whole:  # choice 5
