@@ -211,7 +211,8 @@ def test_the_worker_adds_directly_to_a_weight_its_loader_writes_whole():
         layers = _Layers(hidden, hs, heads, 2, inter, vocab)
     g = torch.Generator().manual_seed(0)
     shapes = {"emb.weight": (vocab, hidden), "down.weight": (hidden, inter), "q_proj.weight": (heads * hs, hidden)}
-    for name, shape in shapes.items():
+    kv = {f"{s}_proj.weight": (2 * hs, hidden) for s in "kv"}  # the rest of qkv: no uninitialized rows
+    for name, shape in {**shapes, **kv}.items():
         layers.load_weights([(name, torch.randn(shape, generator=g))])
     applier = LowRankApplier.__new__(LowRankApplier)  # its in-place path only: no engine, no shadow
     applier.model, applier.state = layers, _SyncState("auto")
