@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from logra_lightning._util import local
+from logra_lightning.optim import sketch as sk
 
 TWO_PHASE_METHODS = ("prepare_update", "update_max_abs", "perturb_", "set_step_scale")
 
@@ -131,7 +132,7 @@ class SnapshotTwoPhase:
         self.perturb_(-1.0)
 
     def update_max_abs(self) -> float:
-        return max((float(d.abs().max()) for _, d in self._held if d.numel()), default=0.0)
+        return max((sk.max_abs(d) for _, d in self._held if d.numel()), default=0.0)
 
     has_update_delta = True
 

@@ -137,13 +137,19 @@ def readable_answer(answer: Any) -> Any:
         >>> readable_answer("12")
         '12'
     """
-    if not isinstance(answer, str) or not answer.startswith("{"):
-        return answer
+    ref = _reference(answer)
+    return str(ref["answer"]) if ref is not None and "answer" in ref else answer
+
+
+def _reference(answer: Any) -> dict | None:
+    """The reasoning-gym address an answer holds (:func:`encode_reference`'s JSON), or ``None``."""
+    if not isinstance(answer, str):
+        return None
     try:
         ref = json.loads(answer)
     except json.JSONDecodeError:
-        return answer
-    return str(ref["answer"]) if isinstance(ref, dict) and REFERENCE_TAG in ref and "answer" in ref else answer
+        return None
+    return ref if isinstance(ref, dict) and REFERENCE_TAG in ref else None
 
 
 def entry_of(reference: str) -> tuple[Any, dict]:
@@ -153,14 +159,13 @@ def entry_of(reference: str) -> tuple[Any, dict]:
         ValueError: the string is not such a reference, or the rebuilt entry's answer differs from the
             recorded one (the installed reasoning-gym generates other problems than the one that wrote it).
     """
-    try:
-        ref = json.loads(reference)
-        name = ref[REFERENCE_TAG]
-    except (json.JSONDecodeError, TypeError, KeyError):
+    ref = _reference(reference)
+    if ref is None:
         raise ValueError(
             f"answer {reference[:80]!r} is not a reasoning-gym reference; use ReasoningGymReward with "
             "logra_lightning.data.ReasoningGymSource records"
-        ) from None
+        )
+    name = ref[REFERENCE_TAG]
     ds = _cached_dataset(name, json.dumps(ref["config"], sort_keys=True), ref["seed"], ref["size"])
     entry = ds[ref["index"]]
     if "answer" in ref and ref["answer"] != entry["answer"]:

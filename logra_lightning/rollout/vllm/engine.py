@@ -47,8 +47,8 @@ Choices:
 
 7. **Each prompt is prefilled once, then sampled n times.** vLLM schedules a prompt's ``n`` samples in
    one step, so none finds the prompt's blocks in the prefix cache and the prompt is prefilled ``n``
-   times: on CPU the prefill of 64 samples of ~50-token prompts was ~8 of a rollout's ~11 s. When a
-   prompt fills at least one KV-cache block, ``generate`` first runs one greedy token per prompt; the
+   times: on CPU the prefill of 64 samples of ~50-token prompts was ~8 of a rollout's ~11 s. For each
+   prompt that fills at least one KV-cache block, ``generate`` first runs one greedy token; its
    samples then compute only the tokens after its last full block. vLLM's CPU default block is 128
    tokens, so short prompts need ``engine_kwargs: {block_size: 32}`` (16 fails to start on CPU):
    ``configs/smollm2_chain_sum.yaml``'s rollout in an fp32 engine went from 11.4 s to 5.7 s on a
@@ -225,10 +225,12 @@ class VLLMEngine(ReadsBackWeights):
                         **sampling.extra,
                     )
                 )
-        if n > 1 and self.prefix_block and max(map(len, prompt_ids), default=0) >= self.prefix_block:
-            # choice 7: one greedy token per prompt puts its full blocks in the prefix cache for its n samples
+        # choice 7: one greedy token for each prompt that fills a block puts its blocks in the prefix cache
+        block = self.prefix_block if n > 1 else None
+        filling = [{"prompt_token_ids": list(p)} for p in prompt_ids if block and len(p) >= block]
+        if filling:
             first = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-            self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], first, use_tqdm=False)
+            self.llm.generate(filling, first, use_tqdm=False)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         completions, logprobs, texts, finished = [], [], [], []
         for out in outputs:

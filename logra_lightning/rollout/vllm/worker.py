@@ -161,8 +161,8 @@ def add_through_loader_(
     finally:
         for p, o in zip(params, originals):
             p.data = o
-    (values,), (ones,) = placed if len(params) == 1 else ((None,), (None,))
-    whole = values is not None and values.shape == delta.shape and bool(ones.eq(1).all())
+    (values, *_), (ones, *_) = placed
+    whole = len(params) == 1 and values.shape == delta.shape and bool(ones.eq(1).all())
     whole = whole and torch.equal(values, delta.float())
     written = 0
     for o, d, owned in zip(originals, placed[0], placed[1]):
@@ -172,6 +172,11 @@ def add_through_loader_(
     if not written:
         raise ValueError("vLLM's loader wrote nothing for this tensor")
     return whole
+
+
+def _scale_(t: torch.Tensor, c: float) -> torch.Tensor:
+    """``t *= c`` in place (``c``: the step's weight decay), skipped when ``c`` is 1: a pass over the whole weight."""
+    return t if c == 1.0 else t.mul_(c)
 
 
 # --------------------------------------------------------------- the extension
@@ -358,8 +363,7 @@ class LowRankApplier:
         st.bases.keep(received)
         for name, c, left, right in updates:
             if name in st.shadow:
-                shadow = st.shadow[name] if c == 1.0 else st.shadow[name].mul_(c)  # c: weight decay
-                shadow.addmm_(left.float().cpu(), right.float().cpu())
+                _scale_(st.shadow[name], c).addmm_(left.float().cpu(), right.float().cpu())
                 self._touch(name)
             else:
                 self._add(name, c, left.float() @ right.float())
@@ -395,8 +399,8 @@ class LowRankApplier:
         st, model = self.state, self.model
         params = [getattr(model.get_submodule(m), attr) for m, attr in st.targets[name]]
         if name in st.whole:  # choice 5
-            weight = params[0].data if c == 1.0 else params[0].data.mul_(c)
-            weight.add_(delta.to(weight.device))
+            weight = params[0].data
+            _scale_(weight, c).add_(delta.to(weight.device))
         elif add_through_loader_(params, lambda t: model.load_weights([(name, t)]), c, delta):
             st.whole.add(name)
         for m in st.modules_of(name):
