@@ -11,6 +11,7 @@ name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``. Import
   below: the optimizer can be read, tested and reused without the RL loop, the engines or the
   callbacks; the RL step without the command line.
 * The top level holds packages and a few leaves (:data:`TOP_LEVEL`).
+* No module is longer than :data:`MAX_LINES`: past that a module holds more than one job.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("entry points", {"cli", "__main__", "__init__", "adapters", "checkpoint_io"}),
 ]
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "_util.py", "adapters.py", "checkpoint_io.py"}
+MAX_LINES = 450
 
 
 def _module_name(path: Path) -> str:
@@ -172,6 +174,11 @@ def test_the_top_level_holds_packages_and_a_few_leaves():
     assert files == TOP_LEVEL, f"top-level modules {sorted(files - TOP_LEVEL)}: put them in the package of their job"
     packages = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()}
     assert packages == {pkg for _, members in LAYERS for pkg in members} - {p[:-3] for p in TOP_LEVEL}
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}; split each by job"
 
 
 def test_code_cites_existing_sections_of_docs_design_md():

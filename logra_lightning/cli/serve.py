@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 
+from logra_lightning._util import environment
 from logra_lightning.optim.host_memory import CPU_KERNEL_CACHES
 from logra_lightning.rollout.vllm.plugin import BACKEND
 
@@ -98,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     from logra_lightning.rollout.vllm.plugin import check_installed
 
     check_installed()
-    os.environ.update(ENV)  # the RL routes are the point
-    for key, value in env.items():
-        os.environ.setdefault(key, value)
     from vllm.entrypoints.launchers.api_server.entry import main as serve
 
-    sys.argv = ["logra serve", "--model", model, *flags]
-    serve()
+    argv, sys.argv = sys.argv, ["logra serve", "--model", model, *flags]
+    try:
+        with environment(ENV, env):  # ENV always: the RL routes are the point; the CPU settings where unset
+            serve()
+    finally:
+        sys.argv = argv
     return 0

@@ -1,57 +1,42 @@
 """Worker side of the low-rank weight sync: applies ``W <- c*W + L@R`` inside vLLM's workers.
 
 :class:`LowRankApplier` is what LoGRA's weight-transfer backend
-(:class:`~logra_lightning.rollout.vllm.transfer.LowRankTransferEngine`, vLLM's
-``--weight-transfer-config '{"backend": "logra"}'``) builds in every worker when the trainer
-initializes the transfer, and what it hands each received message to.
+(:class:`~logra_lightning.rollout.vllm.transfer.LowRankTransferEngine`, vLLM's ``--weight-transfer-config
+'{"backend": "logra"}'``) builds in every worker when the trainer initializes the transfer; it applies each message.
 
-Where a tensor goes is vLLM's own knowledge: at start-up every checkpoint tensor is
-fed (as a meta tensor) through the model class's ``load_weights`` with each
-parameter's weight loader replaced by a recorder (:func:`trace_targets`). That gives,
-for any architecture vLLM loads, which vLLM module(s) each HF name lands in: fused
-``qkv_proj``/``gate_up_proj`` (Llama, Qwen, Mistral, Gemma 3), already-fused HF
-tensors (Phi-3), renamed prefixes, experts fused into one 3-D weight (Qwen3-MoE).
+Where a tensor goes is vLLM's own knowledge: at start-up every checkpoint tensor is fed (as a meta tensor)
+through the model class's ``load_weights`` with each parameter's weight loader replaced by a recorder
+(:func:`trace_targets`). That gives, for any architecture vLLM loads, the vLLM module(s) each HF name lands in:
+fused ``qkv_proj``/``gate_up_proj``, already-fused HF tensors (Phi-3), experts fused into one 3-D weight.
 
 Two ways to change a weight, chosen per vLLM module:
 
-* **in place** — plain linears and embeddings whose forward reads the ``weight``
-  the loader wrote: ``W <- c*W + L@R`` is written through that same loader
-  (:func:`add_through_loader_`), so fused shards, tensor-parallel slices and
-  padding are placed exactly as at load time.
-* **shadow + reload** — vLLM's CPU backend repacks linear weights (oneDNN) and frees
-  the originals, and fused-expert layers may re-layout theirs after loading. For such
-  modules the worker keeps a dense fp32 shadow of their HF tensors, updates the
-  shadow, and reloads (vLLM's ``reload_weights``) every HF tensor of each
-  changed module (vLLM processes a module only once all its tensors are loaded; for
-  a fused-expert layer that is every expert's tensors). Only low-rank factors cross
-  the process boundary; the dense work stays in the worker.
-
-This module imports no vLLM at import time; its pure parts are tested without an
-engine in ``tests/test_vllm_engine.py``.
+* **in place** — plain linears and embeddings whose forward reads the ``weight`` the loader wrote:
+  ``W <- c*W + L@R`` is written through that same loader (:func:`add_through_loader_`), so fused shards,
+  tensor-parallel slices and padding are placed exactly as at load time.
+* **shadow + reload** — vLLM's CPU backend repacks linear weights (oneDNN) and frees the originals, and
+  fused-expert layers may re-layout theirs after loading. For such modules the worker keeps a dense fp32 shadow
+  of their HF tensors, updates it, and reloads (vLLM's ``reload_weights``) every HF tensor of each changed
+  module (vLLM processes a module once all its tensors are loaded: for fused experts, every expert's). Only
+  low-rank factors cross the process boundary; the dense work stays in the worker.
 
 Departures and choices:
 
-1. The shadow is fp32 whatever the engine dtype, so rounding of a bf16 engine does
-   not accumulate across low-rank syncs (each reload rounds the fp32 shadow once). An in-place
-   weight stored below fp32 (a bf16 engine's embedding) gets an fp32 shadow too, and each sync
-   writes it whole through the loader: adding ``L@R`` to the bf16 weight itself would round every
-   step's change (most of a step's change is below half a bf16 ulp), so the engine's copy would
-   stop following the trainer's.
-2. With tensor parallelism both paths keep *full* HF-shaped tensors on every rank
-   (vLLM's weight loaders slice them): the shadow, and the in-place path's ``L@R``.
-3. Names are checkpoint names (what ``save_pretrained`` writes); the engine converts
-   the trainer's names first (:mod:`~logra_lightning.rollout.checkpoint_names`).
-   Pipeline parallelism is not supported: an update for a name the worker cannot
-   place fails with that name, before anything changes.
-4. Each worker keeps the last basis factor of every matrix (as received: fp32 or bf16) with
-   its version (:class:`~logra_lightning.sync.wire.BasisCache`); an update that carries only
-   its coefficient is refused, naming the parameter, unless the worker holds that version.
-   A coefficient is applied as ``c*W + L@R`` in fp32 whatever the wire dtype.
-5. The in-place path learns, per name, whether vLLM's loader writes the HF tensor as it is onto one
-   parameter of its shape (an fp32 engine's embedding without tensor parallelism): its first update goes
-   through :func:`add_through_loader_`, which says so, and later ones add ``L@R`` to that parameter
-   directly. The two scratch loads cost ~1 s per sync for SmolLM2-135M's 49,152 x 576 embedding (of
-   a 1.5 s low-rank sync, on a 2-core Xeon), as much as a full sync.
+1. The shadow is fp32 whatever the engine dtype, so a bf16 engine's rounding does not accumulate across syncs
+   (each reload rounds the fp32 shadow once). An in-place weight below fp32 (a bf16 engine's embedding) gets an
+   fp32 shadow too, written whole through the loader at each sync: most of a step's change is below half a bf16
+   ulp, so adding ``L@R`` to the bf16 weight itself would lose it.
+2. With tensor parallelism both paths keep *full* HF-shaped tensors on every rank (vLLM's weight loaders slice
+   them): the shadow, and the in-place path's ``L@R``.
+3. Names are checkpoint names (what ``save_pretrained`` writes); the engine converts the trainer's names first
+   (:mod:`~logra_lightning.rollout.checkpoint_names`). Pipeline parallelism is not supported: an update for a
+   name the worker cannot place fails with that name, before anything changes.
+4. Each worker keeps the last basis factor of every matrix (as received: fp32 or bf16) with its version
+   (:class:`~logra_lightning.sync.wire.BasisCache`); an update carrying only its coefficient is refused, naming
+   the parameter, unless the worker holds that version. It is applied as ``c*W + L@R`` in fp32.
+5. The in-place path learns, per name, whether vLLM's loader writes the HF tensor as it is onto one parameter
+   of its shape (an fp32 engine's embedding without tensor parallelism); later updates of such a name add
+   ``L@R`` to it directly, skipping the loader's two scratch loads of the whole tensor.
 """
 
 from __future__ import annotations
@@ -220,10 +205,9 @@ def _packed_dependents(modules: dict) -> dict[str, list[str]]:
 def _repack_cpu_experts(model: torch.nn.Module, names: Iterable[str]) -> None:
     """Re-run the CPU fused-MoE prepack on reloaded expert layers (vLLM 0.32 skips it on a weight update).
 
-    On a reload, vLLM's unquantized MoE method treats the load as a weight update and does
-    not call its experts' ``process_weights_after_loading``, which on CPU is what packs
-    ``w13``/``w2`` into the grouped-GEMM layout; the kernel would then read plain weights
-    as packed ones (measured: |logprob diff| 0.03 mean after one full sync, 1e-7 with this).
+    On a reload, vLLM's unquantized MoE method treats the load as a weight update and does not call its experts'
+    ``process_weights_after_loading``, which on CPU packs ``w13``/``w2`` into the grouped-GEMM layout: without
+    it the kernel reads plain weights as packed ones.
     """
     from vllm.platforms import current_platform
 
@@ -303,11 +287,8 @@ class LowRankApplier:
         st.shadow = {n: t.detach().to("cpu", torch.float32).clone() for n, t in weights if n in shadowed}
         del weights
         self.state = st
-        unplaced = [
-            [name, list(shape)]
-            for name, shape in (expected or ())
-            if not st.targets.get(name) or st.shapes.get(name) != tuple(shape)
-        ]
+        expected = expected or ()
+        unplaced = [[n, list(s)] for n, s in expected if not st.targets.get(n) or st.shapes.get(n) != tuple(s)]
         self.report = {
             "mode": mode,
             "reload_modules": len(st.members),
@@ -354,9 +335,9 @@ class LowRankApplier:
         st, model = self.state, self.model
         updates = st.bases.resolve(received)  # a coefficient alone: the basis held since the last refresh
         for name, _, left, right in updates:
-            if left.ndim != 2 or right.ndim != 2 or left.shape[1] != right.shape[0]:
-                raise ValueError(f"{name}: factors {tuple(left.shape)} @ {tuple(right.shape)} are not [m, r] @ [r, n]")
             what = f"factors {tuple(left.shape)} @ {tuple(right.shape)}"
+            if left.ndim != 2 or right.ndim != 2 or left.shape[1] != right.shape[0]:
+                raise ValueError(f"{name}: {what} are not [m, r] @ [r, n]")
             self._check(name, (left.shape[0], right.shape[1]), what)
         for name, value in dense:
             self._check(name, tuple(value.shape), f"values of shape {tuple(value.shape)}")
