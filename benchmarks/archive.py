@@ -21,6 +21,13 @@ bytes; ``default``: allocator slack included), and the allocator slack fitted on
 the others. Recorded before issue 18's storage changes; ``real_shapes_memory`` checks the planner against the
 live-bytes peak of a real-shape RL step as LoGRA is now.
 
+``quality`` (and its variants): held-out accuracy on the tiny arithmetic task, AdamW vs LoGRA ranks 4-32 vs
+GaLore vs LoRA over 3 seeds, bf16-weight rounding rules, LoRA's lr and rank. The real-model table
+(``real_model_tasks``) is where accuracy is compared now.
+
+``soak``: 1,100 RL steps of the demo config with trainer and engine RSS, engine drift and skips after every step
+(and runs without the kernel-cache bound or the heap trim). ``long_real_run`` checks the same on the real model.
+
 ``server_engine``: the demo with its engine in a ``logra serve`` process, the server killed and restarted
 mid-run (the trainer waited, re-synced and went on), and on- vs off-policy throughput. The restart is a test now
 (``tests/test_vllm_server.py``); docs/server_engine.md reads the run.
@@ -31,7 +38,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.harness import Benchmark, bench, flat
-from benchmarks.report import MB, Col, Target, command_head, num, pct, table
+from benchmarks.report import MB, Col, Target, command_head, load_text, met, num, pct, rows_table, table
 
 
 class Archived(Benchmark):
@@ -218,4 +225,154 @@ class ServerEngine(Archived):
             "",
             *table(throughput, THROUGHPUT),
             "",
+        ]
+
+
+QUALITY = [
+    Col("row", "name"),
+    Col("lr", "lr", "g"),
+    Col("runs ok", lambda s: f"{s['ok_runs']}/{s['runs']}"),
+    Col("accuracy before", lambda s: s["accuracy_before"]["mean"], "pct"),
+    Col(
+        "accuracy after, % (mean ± std, min–max)",
+        lambda s: (
+            (a := s["accuracy_after"])
+            and f"{100 * a['mean']:.1f} ± {100 * a['std']:.1f} ({100 * a['min']:.1f}–{100 * a['max']:.1f})"
+        ),
+    ),
+    Col("vs AdamW (points)", "accuracy_after_vs_adamw_points", "+.1f"),
+    Col("s/step (median)", "step_seconds_median", ".2f"),
+]
+QUALITY_OPTIONAL = [  # shown when a result has them
+    Col("peak RSS GB (median)", "peak_rss_bytes", "gb3"),
+    Col("params + grads + state MB", "train_tensor_bytes", "mb1"),
+    Col("bf16 updates lost", "bf16_lost_share_mean", "pct"),
+]
+QUALITY_VARIANTS = ("bf16", "bf16_kahan", "issue18", "lora", "lora_3seeds", "lora_r8", "lora_seeds12")
+QUALITY_VARIANTS += ("same_base_seed0", "lora_lr_sweep_3e-4", "lora_lr_sweep_1e-3", "lora_lr_sweep_3e-3")
+
+
+@bench(
+    "quality",
+    title="Quality: held-out accuracy on the arithmetic RL task",
+    quick=None,
+    variants=tuple(f"quality_{v}" for v in QUALITY_VARIANTS),
+)
+class Quality(Archived):
+    script, commit = "benchmarks/quality.py", "107cfcb"
+
+    def section(self, res: dict) -> list[str]:
+        """Held-out accuracy per row: mean ± std over seeds, and against AdamW's."""
+        st = res["settings"]
+        said = [
+            "config" in st and f"Base config `{st['config']}` (LoGRA settings from `{st['logra_config']}`)",
+            f"{st['steps']} RL steps",
+            "batch_size" in st and f"{st['batch_size']} prompts × {st['group_size']} samples per step",
+            "seeds" in st and f"seeds {st['seeds']}",
+            "update_proj_gap" in st and f"update_proj_gap {st['update_proj_gap']}",
+            "jobs" in st
+            and f"{st['jobs']} run(s) at a time (1 torch thread each: s/step is a rough cost figure, "
+            "accuracy does not depend on it)",
+        ]
+        rows = [
+            {"name": n, "ok": s["ok_runs"] > 0, "error": f"0/{s['runs']} ok", **s} for n, s in res["summary"].items()
+        ]
+        cols = QUALITY + [c for c in QUALITY_OPTIONAL if any(r.get(c.value) is not None for r in rows)]
+        head = f"{self.source()} {command_head(res)} {', '.join(x for x in said if x)}."
+        return [head, "", *table(rows, cols), ""]
+
+    def plot(self, res: dict, plt):
+        """Held-out accuracy curves per row, mean ± std over seeds."""
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for row, s in res["summary"].items():
+            if "curve" not in s:
+                continue
+            steps, mean, std = zip(*((c[0], 100 * c[1], 100 * c[2]) for c in s["curve"]))
+            (line,) = ax.plot(steps, mean, marker="o", ms=3, label=f"{row} (n={s['ok_runs']})")
+            lo, hi = [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)]
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("held-out greedy accuracy (%)")
+        lrs = ", ".join(f"{row} {s['lr']:g}" for row, s in res["summary"].items())
+        ax.set_title(f"Arithmetic RL: mean ± std over seeds (lr {lrs})", fontsize=9)
+        ax.legend(fontsize=8)
+        return fig
+
+    def headline(self, results: dict[str, dict]) -> list[str]:
+        """Each row's held-out accuracy after RL against AdamW's."""
+        summary = (results.get("quality") or {}).get("summary", {})
+        gain = lambda s: num(s.get("accuracy_after_vs_adamw_points"), "+.1f")  # noqa: E731
+        parts = [f"{row} {gain(s)}" for row, s in summary.items() if row != "adamw"]
+        if not parts:
+            return []
+        return [
+            f"- Held-out accuracy after RL vs AdamW (points, mean over seeds): {', '.join(parts)} "
+            "([table](#quality-held-out-accuracy-on-the-arithmetic-rl-task))."
+        ]
+
+
+@bench(
+    "soak",
+    title="Soak: 1,100 RL steps",
+    quick=None,
+    variants=("soak_1100_no_trim", "soak_300_onednn_cache_64", "soak_300_onednn_cache_default"),
+)
+class Soak(Archived):
+    script, commit = "benchmarks/soak.py", "107cfcb"
+
+    def plot(self, res: dict, plt):
+        """Trainer and engine RSS per step; the engine's drift and the realized KL against the drift target."""
+        samples = [r["metrics"] for r in res["rows"]]
+        steps = [r["step"] for r in samples]
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+        ax1.plot(steps, [r["trainer_rss_mb"] for r in samples], label="trainer")
+        ax1.plot(steps, [r["engine_rss_mb"] for r in samples], label="vLLM engine (all processes)")
+        ax1.axvline(res["settings"]["steps"] / 2, color="grey", lw=0.8, ls=":")
+        ax1.set_ylabel("RSS (MB)")
+        ax1.legend()
+        ax1.set_title(f"Soak: {res['settings']['config']}, {res['summary'].get('steps')} RL steps")
+        ax2.semilogy(steps, [max(r["drift_max"] or 1e-12, 1e-12) for r in samples], label="drift (max |Δ logprob|)")
+        kl = [(r["step"], r["kl_realized"]) for r in samples if r["kl_realized"]]
+        if kl:
+            ax2.semilogy([s for s, _ in kl], [v for _, v in kl], ".", ms=3, label="realized KL")
+        target = res["settings"]["targets"]["max_drift_max"]
+        ax2.axhline(target, color="red", lw=0.8, ls="--", label="drift target")
+        ax2.set_xlabel("step")
+        ax2.legend()
+        return fig
+
+    def section(self, res: dict) -> list[str]:
+        """The issue's targets: steps, RSS slopes over the second half, the engine's drift, skipped steps."""
+        s, tg, e, steps = res["summary"], res["settings"]["targets"], res["envelope"], res["settings"]["steps"]
+        slopes = (s.get("trainer_rss_slope_mb_per_100"), s.get("engine_rss_slope_mb_per_100"))
+        slope_ok = all(x is not None and x <= tg["rss_slope_mb_per_100_max"] for x in slopes)
+        drift_ok = s.get("max_drift") is not None and s["max_drift"] <= tg["max_drift_max"]
+        rows = [
+            ["steps", str(s.get("steps")), f">= {steps}", met(s.get("steps", 0) >= steps)],
+            ["trainer RSS slope, 2nd half (MB / 100 steps)", num(slopes[0]), "<= 1", met(slope_ok)],
+            ["engine RSS slope, 2nd half (MB / 100 steps)", num(slopes[1]), "<= 1", met(slope_ok)],
+            ["max drift (max abs logprob gap)", num(s.get("max_drift"), ".2e"), "<= 1e-4", met(drift_ok)],
+            ["skipped steps", str(s.get("skipped")), "0", met(s.get("skipped") == 0)],
+            ["max realized KL", num(s.get("max_kl_realized"), ".2e"), "", ""],
+        ]
+        return [
+            f"{self.source()} Command: `{e['command']}` — {e['wall_seconds']:.0f} s, load "
+            f"{load_text(e['load_start'])} at start, {load_text(e['load_end'])} at end; "
+            f"{s.get('segments')} segment(s).",
+            "",
+            *rows_table(["", "measured", "target", ""], rows),
+            "",
+            f"RSS (MB) at steps: {json.dumps(s.get('rss_mb_at_step'))}.",
+            "",
+        ]
+
+    def headline(self, results: dict) -> list[str]:
+        s = (results.get("soak") or {}).get("summary")
+        if not s:
+            return []
+        return [
+            f"- Soak, {s['steps']} RL steps of the demo (vLLM, low-rank sync every step, KL control): RSS slope over "
+            f"the second half {num(s['trainer_rss_slope_mb_per_100'])} MB/100 steps (trainer), "
+            f"{num(s['engine_rss_slope_mb_per_100'])} (engine); max drift {num(s['max_drift'], '.1e')}; "
+            f"{s['skipped']} skipped steps ([soak](#soak-1100-rl-steps))."
         ]

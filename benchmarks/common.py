@@ -307,3 +307,46 @@ def logra_fit(
     if proc["rc"] != 0 or not summary.is_file():
         return {**out, "ok": False, "error": f"logra fit exited {proc['rc']}: {proc['log_tail'][-1500:]}"}
     return {**out, "ok": True, "summary": json.loads(summary.read_text()), "scalars": tb_scalars(log_dir)}
+
+
+# ------------------------------------------------------------------------ rows the RL comparisons share
+LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
+LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+QUICK = dict(steps=4, val_every=2, seeds=[0], test_size=64, jobs=1)  # a --quick run's budget
+JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
+
+
+def run_budget(args, base: dict) -> dict:
+    """Steps, held-out check interval, seeds and jobs of a rows x seeds benchmark: the flags, else (``--quick``)
+    :data:`QUICK`, else the config's steps and interval, seeds 0 1 2 and :data:`JOBS` at once."""
+    steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
+    val_every = args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"])
+    jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
+    if jobs < 1:
+        raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
+    seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
+    return {"steps": steps, "val_check_interval": min(val_every, steps), "seeds": seeds, "jobs": jobs}
+
+
+def lora_lr(args, default: float) -> float:
+    """The LoRA rows' lr: ``--lora-lr``, else ``--lr``, else the LoRA config's (``default`` without one)."""
+    return args.lora_lr or args.lr or (config_defaults(LORA_CONFIG)["lr"] if LORA_CONFIG.is_file() else default)
+
+
+def logra_defaults() -> dict:
+    """The settings of the first config in :data:`LOGRA_CONFIGS` that trains with LoGRA (``{}``: none does)."""
+    found = (config_defaults(CONFIGS / name) for name in LOGRA_CONFIGS if (CONFIGS / name).is_file())
+    return next((c for c in found if "LoGRA" in str(c["optimizer"])), {})
+
+
+def lora_adapter(rank: int) -> dict:
+    """The ``--model.adapter`` value of a LoRA row (alpha = 2 * rank, as in the LoRA config)."""
+    return {
+        "class_path": "logra_lightning.models.LoRA",
+        "init_args": {"rank": rank, "alpha": 2 * rank, "target_modules": LORA_TARGETS, "dropout": 0.0},
+    }
+
+
+def adamw(lr: float) -> dict:
+    return {"class_path": "torch.optim.AdamW", "init_args": {"lr": lr, "weight_decay": 0.0}}

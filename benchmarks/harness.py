@@ -45,8 +45,8 @@ from benchmarks.report import command_head, table
 
 QUICK_RESULTS = ROOT / ".cache" / "bench_quick"  # git-ignored: quick runs check that a benchmark works
 # The benchmark modules; their registration order is the README's section order.
-MODULES = """optimizer_memory quality kl_control sync_cost trl_grpo architectures reasoning_tasks archive
-real_shapes_memory ddp_comm soak real_model_tasks step_speed long_real_run""".split()
+MODULES = """optimizer_memory kl_control sync_cost trl_grpo architectures reasoning_tasks archive
+real_shapes_memory ddp_comm real_model_tasks step_speed long_real_run""".split()
 ENVELOPE = ("command", "machine", "load_start", "load_end", "wall_seconds")
 # Flags several benchmarks take, spelled once: a benchmark names those it takes in ``flags``, with their defaults.
 FLAGS: dict[str, dict[str, Any]] = {

@@ -44,16 +44,17 @@ from pathlib import Path
 from benchmarks.common import (
     CONFIGS,
     ONE_TORCH_THREAD,
+    QUICK,
     WORK_DIR,
     budget_args,
     config_callbacks,
     config_defaults,
     fit_metrics,
     logra_fit,
+    run_budget,
     seed_args,
 )
 from benchmarks.harness import Benchmark, bench, flat, main, parallel
-from benchmarks.quality import QUICK, run_budget
 from benchmarks.report import Col, clip, command_head, load_text, met, pct, table
 
 CONTROL = "logra_lightning.callbacks.KLStepControl"

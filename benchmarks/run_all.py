@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.run_all --quick              # every benchmark's smoke run (minutes each)
     .venv/bin/python -m benchmarks.run_all                      # the full runs behind the README (hours)
-    .venv/bin/python -m benchmarks.run_all --only quality kl_control
+    .venv/bin/python -m benchmarks.run_all --only kl_control sync_cost
 
 The list is :func:`benchmarks.harness.registry`. A quick run checks that each benchmark still works
 (results under ``.cache/bench_quick/``, never committed); the full runs are those of the committed

@@ -16,7 +16,7 @@ Rows, each in its own process (``--worker``), on the config's model, problems, r
   its own generation (``model.generate`` on CPU: TRL's vLLM path supports vLLM 0.22-0.31 on a GPU,
   here vLLM is 0.32's CPU build), ``torch.optim.AdamW``;
 * ``logra_adamw``: ``logra fit`` with the config and AdamW (in-process, ``cli.main``);
-* ``logra_logra``: the same with LoGRA (rank and gap as :mod:`benchmarks.quality` picks them);
+* ``logra_logra``: the same with LoGRA (rank and gap from the LoGRA config, :func:`benchmarks.common.logra_defaults`);
 * ``logra_lora``: the same with LoRA (PEFT, :mod:`logra_lightning.models.lora`; rank 16, alpha 32, every
   attention/MLP matrix) and AdamW on the factors at the LoRA config's lr (``--lora-lr``);
 * ``trl_grpo_lora``: ``trl.GRPOTrainer`` with the same LoRA as its ``peft_config`` and lr.
@@ -45,9 +45,20 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import CONFIGS, WORK_DIR, config_defaults, instantiate, peak_rss, rss_baseline
+from benchmarks.common import (
+    CONFIGS,
+    QUICK,
+    WORK_DIR,
+    adamw,
+    config_defaults,
+    instantiate,
+    logra_defaults,
+    lora_adapter,
+    lora_lr,
+    peak_rss,
+    rss_baseline,
+)
 from benchmarks.harness import Benchmark, bench, flat, main
-from benchmarks.quality import QUICK, adamw, logra_defaults, lora_adapter, lora_lr
 from benchmarks.report import Col, pct
 
 ROWS = ("trl_grpo", "logra_adamw", "logra_logra", "logra_lora", "trl_grpo_lora")

@@ -33,7 +33,7 @@ Choices:
 5. **oneDNN's kernel cache is bounded at 64 on CPU.** vLLM's CPU backend JIT-compiles a oneDNN
    matmul per batch-token count and weight shape and keeps it in oneDNN's process-wide cache
    (1,024 entries by default, ~0.45 MB each); RL batches of ever new sizes grew the engine by 365 MB
-   over 300 steps of the demo, still growing (``benchmarks/soak.py``). The engine
+   over 300 steps of the demo, still growing (``benchmarks/results/soak_300_*.json``). The engine
    processes start with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` and ``LRU_CACHE_CAPACITY=64`` (PyTorch's own
    primitive cache in front of oneDNN's; unless set: :data:`~logra_lightning.optim.host_memory.CPU_KERNEL_CACHES`),
    generation as fast within the noise. After each sync the worker hands its freed heap pages back to the OS
