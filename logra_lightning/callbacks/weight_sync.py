@@ -61,6 +61,7 @@ from typing_extensions import override
 from logra_lightning._util import WarnOnce, full, local
 from logra_lightning.errors import TrainingError
 from logra_lightning.rl.phases import announce_phase
+from logra_lightning.rollout.base import ReportsWeightDrift
 from logra_lightning.sync.gather import gather_update_factors
 from logra_lightning.sync.wire import LowRankUpdate, match_wire_rounding_, tensor_nbytes, wire_updates
 
@@ -225,7 +226,7 @@ class LowRankWeightSync(L.Callback):
                 "(shares_weights=True); there is nothing to sync, so the callback does nothing.",
             )
             return
-        if self.check_drift_every and not hasattr(engine, "weight_drift"):
+        if self.check_drift_every and not isinstance(engine, ReportsWeightDrift):
             raise RuntimeError(
                 f"LowRankWeightSync(check_drift_every={self.check_drift_every}): {type(engine).__name__} cannot "
                 "report its copy of the weights (no weight_drift method); set check_drift_every: 0, or use "

@@ -119,3 +119,20 @@ class OffPolicyEngine(Protocol):
 
     def policy_lag(self, rollout: Rollout) -> int | None:
         """Weight syncs since the weights that sampled ``rollout`` (0: on-policy; ``None``: unknown)."""
+
+
+@runtime_checkable
+class ReportsWeightDrift(Protocol):
+    """An engine that reads back its own copy of the weights, besides :class:`RolloutEngine`: what
+    :class:`~logra_lightning.callbacks.LowRankWeightSync`'s ``check_drift_every`` needs.
+
+    Example::
+
+        >>> from logra_lightning.rollout import HFEngine, VLLMEngine, VLLMServerEngine
+        >>> [issubclass(e, ReportsWeightDrift) for e in (VLLMEngine, VLLMServerEngine, HFEngine)]
+        [True, True, False]
+    """
+
+    def weight_drift(self, named: Iterable[tuple[str, torch.Tensor]], count: int = 256, seed: int = 0) -> dict:
+        """How far the engine's weights are from ``named`` (HF names, the trainer's values), on ``count`` entries
+        drawn from each weight: ``{"max_abs", "entries", "weights"}``."""
