@@ -313,19 +313,19 @@ def logra_fit(
 LOGRA_CONFIGS = ("arithmetic_tiny_logra.yaml", "arithmetic_tiny.yaml")
 LORA_CONFIG = CONFIGS / "arithmetic_tiny_lora.yaml"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-QUICK = dict(steps=4, val_every=2, seeds=[0], test_size=64, jobs=1)  # a --quick run's budget
+QUICK_BUDGET = dict(steps=4, val_every=2, seeds=[0], test_size=64, jobs=1)  # a --quick run's budget
 JOBS = 2  # full run: 2 single-threaded runs at once on the 2-core machine
 
 
 def run_budget(args, base: dict) -> dict:
     """Steps, held-out check interval, seeds and jobs of a rows x seeds benchmark: the flags, else (``--quick``)
-    :data:`QUICK`, else the config's steps and interval, seeds 0 1 2 and :data:`JOBS` at once."""
-    steps = args.steps or (QUICK["steps"] if args.quick else base["max_steps"])
-    val_every = args.val_every or (QUICK["val_every"] if args.quick else base["val_check_interval"])
-    jobs = args.jobs if args.jobs is not None else (QUICK["jobs"] if args.quick else JOBS)
+    :data:`QUICK_BUDGET`, else the config's steps and interval, seeds 0 1 2 and :data:`JOBS` at once."""
+    steps = args.steps or (QUICK_BUDGET["steps"] if args.quick else base["max_steps"])
+    val_every = args.val_every or (QUICK_BUDGET["val_every"] if args.quick else base["val_check_interval"])
+    jobs = args.jobs if args.jobs is not None else (QUICK_BUDGET["jobs"] if args.quick else JOBS)
     if jobs < 1:
         raise SystemExit(f"Invalid --jobs: {jobs} (must be >= 1)")
-    seeds = args.seeds if args.seeds is not None else (QUICK["seeds"] if args.quick else [0, 1, 2])
+    seeds = args.seeds if args.seeds is not None else (QUICK_BUDGET["seeds"] if args.quick else [0, 1, 2])
     return {"steps": steps, "val_check_interval": min(val_every, steps), "seeds": seeds, "jobs": jobs}
 
 

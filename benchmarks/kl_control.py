@@ -44,7 +44,7 @@ from pathlib import Path
 from benchmarks.common import (
     CONFIGS,
     ONE_TORCH_THREAD,
-    QUICK,
+    QUICK_BUDGET,
     WORK_DIR,
     budget_args,
     config_callbacks,
@@ -63,7 +63,7 @@ TARGETS = {
     "median_abs_log_ratio_max": math.log(1.5),
     "overhead_share_max": 0.05,
 }
-OVERHEAD = {"steps": 60, "warmup": 5}  # --quick: QUICK["steps"] steps, no warm-up skipped
+OVERHEAD = {"steps": 60, "warmup": 5}  # --quick: QUICK_BUDGET["steps"] steps, no warm-up skipped
 LR_MULTIPLIER = 10.0  # the high lr over the default lr
 KEEP = (
     "val/accuracy",
@@ -238,7 +238,7 @@ class KLControl(Benchmark):
         lr = args.lr or (logra[0] if logra else base)["lr"]
         demo_control = control_init_args(args.demo_config)
         control = {**demo_control, "measure_every": 1}  # departure 1
-        overhead = QUICK["steps"] if args.quick else args.overhead_steps or OVERHEAD["steps"]
+        overhead = QUICK_BUDGET["steps"] if args.quick else args.overhead_steps or OVERHEAD["steps"]
         return {
             "config": base["config"],
             "demo_config": demo["config"],
@@ -261,7 +261,7 @@ class KLControl(Benchmark):
         }
 
     def run(self, args, settings: dict) -> list[dict]:
-        st, work_dir, test_size = settings, Path(args.work_dir), QUICK["test_size"] if args.quick else None
+        st, work_dir, test_size = settings, Path(args.work_dir), QUICK_BUDGET["test_size"] if args.quick else None
         others = config_callbacks(args.config, drop=("ModelCheckpoint", "KLStepControl"))
 
         def control(lo: float, hi: float) -> list[dict]:

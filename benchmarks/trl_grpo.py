@@ -47,7 +47,7 @@ from pathlib import Path
 
 from benchmarks.common import (
     CONFIGS,
-    QUICK,
+    QUICK_BUDGET,
     WORK_DIR,
     adamw,
     config_defaults,
@@ -276,7 +276,7 @@ def settings(args) -> dict:
         "seed": 0,
         "lora_lr": lora_lr(args, lr),
         "lora_adapter": lora_adapter(16),
-        "test_size": QUICK["test_size"] if args.quick else (base["held_out_prompts"] or 256),
+        "test_size": QUICK_BUDGET["test_size"] if args.quick else (base["held_out_prompts"] or 256),
     }
 
 
