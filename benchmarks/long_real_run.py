@@ -58,7 +58,7 @@ from typing import NamedTuple
 import yaml
 
 from benchmarks.common import CONFIGS, ROOT, fit_env, run_logged
-from benchmarks.harness import QUICK_RESULTS, Benchmark, bench, flat, main
+from benchmarks.harness import QUICK_RESULTS, Benchmark, bench, flat, load, main, out_path
 from benchmarks.kl_control import control_init_args
 from benchmarks.report import OPS, Col, pct
 from benchmarks.run_curves import (
@@ -255,6 +255,11 @@ def _accuracy(r: dict) -> str:
     return f"{pct(r['accuracy_base'])} → {pct(r['accuracy_last'])} ({pct(r['accuracy_best'])})"
 
 
+def _seconds(r: dict) -> str:
+    each = " / ".join(f"{x:.1f}" for st in r["sittings"] if (x := st.get("step_seconds_median")) is not None)
+    return f"{r['step_seconds_median']:.1f} ({each})" if r["step_seconds_median"] is not None else "–"
+
+
 def _slopes(r: dict) -> str:
     slopes = (r["trainer_rss_slope_mb_per_100"], r["engine_rss_slope_mb_per_100"])
     return " / ".join("–" if v is None else f"{v:.1f}" for v in slopes)
@@ -285,7 +290,7 @@ class LongRealRun(Benchmark):
         Col("realized KL within 2× target", "kl_within_2x_share", "pct0"),
         Col("trainer / engine RSS slope, MB per 100 steps", _slopes),
         Col("max weight drift", "weight_drift_max", ".1e"),
-        Col("s/step (median)", "step_seconds_median", ".1f"),
+        Col("s/step (median; per sitting)", _seconds),
         Col("training memory MB", "training_memory_bytes", "mb0"),
     ]
 
@@ -319,9 +324,21 @@ class LongRealRun(Benchmark):
             write_example_logs(work)
         mb = 500.0 if args.quick else args.rss_before_model_mb  # quick: a round baseline for synthetic memory
         settings["rss_before_model_bytes"] = rss_before_model() if mb is None else round(mb * 1e6)
-        rows = [self.row(name, settings, work) for name in args.rows]
-        settings["not_run"] = [name for name, r in zip(args.rows, rows) if r is None]
-        return [r for r in rows if r is not None]
+        # A row whose logs are not on this machine (a workspace does not outlive its sessions) keeps the row the
+        # results file holds, so recording one row's sitting does not drop the others.
+        out = out_path(self, args)
+        before = {r["name"]: r for r in (load(out.stem, out.parent) or {}).get("rows", [])}
+        rows, settings["kept_from_results"], settings["not_run"] = [], [], []
+        for name in args.rows:
+            got = self.row(name, settings, work)
+            if got is None and name in before:
+                got = before[name]
+                settings["kept_from_results"].append(name)
+            if got is None:
+                settings["not_run"].append(name)
+            else:
+                rows.append(got)
+        return rows
 
     def row(self, name: str, settings: dict, work: Path) -> dict | None:
         """Row ``name``: its run continued up to its steps (unless ``report_only``), then read; ``None`` when it has
@@ -348,12 +365,16 @@ class LongRealRun(Benchmark):
         return {"checks": checks, "counts": {k: sum(c["status"] == k for c in checks) for k in STATUSES}}
 
     def describe(self, res: dict) -> str:
-        n = res["summary"]["counts"]
-        return (
-            "SmolLM2-135M-Instruct on chain_sum (`configs/smollm2_long*.yaml`), each row stitched from its sittings; "
-            f"issue 41's checks: {n['pass']} pass, {n['fail']} fail, {n['not measured']} not measured "
-            "(`summary.checks`)."
-        ) + (f" Not run yet: {', '.join(not_run)}." if (not_run := res["settings"].get("not_run")) else "")
+        n, st = res["summary"]["counts"], res["settings"]
+        text = "SmolLM2-135M-Instruct on chain_sum (`configs/smollm2_long*.yaml`), each row stitched from its "
+        text += f"sittings; issue 41's checks: {n['pass']} pass, {n['fail']} fail, {n['not measured']} not measured "
+        text += "(`summary.checks`)."
+        if st.get("not_run"):
+            text += f" Not run yet: {', '.join(st['not_run'])}."
+        if st.get("kept_from_results"):
+            text += " Rows as an earlier report recorded them (their logs are not on the machine that wrote this one): "
+            text += f"{', '.join(st['kept_from_results'])}."
+        return text
 
     def plot(self, res: dict, plt):
         """:data:`PANELS` against the step, one colour per row; a dotted line where a row's sitting resumed."""

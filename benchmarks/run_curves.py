@@ -46,6 +46,7 @@ def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], li
         steps = [int(s) for pts in scalars.values() for s, _ in pts]
         if not steps:
             sittings.append({"version": version, "first_step": None, "last_step": None, "resumed_from_step": None})
+            sittings[-1]["step_seconds_median"] = None
             continue
         trained = [int(s) for s, _ in scalars.get(TRAINED, [])]
         first, resumed = min(trained or steps), any(s["first_step"] is not None for s in sittings)
@@ -58,9 +59,16 @@ def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], li
                 "first_step": first,
                 "last_step": max(steps),
                 "resumed_from_step": first if resumed else None,
+                # sittings of one run may run on different machines (an AMX Xeon's bf16 step is ~4x another's)
+                "step_seconds_median": statistics.median(secs) if (secs := own_seconds(scalars, first)) else None,
             }
         )
     return {t: c for t, c in curves.items() if c}, sittings
+
+
+def own_seconds(scalars: dict[str, list], first: int) -> list[float]:
+    """A sitting's seconds per batch from its first step on."""
+    return [v for s, v in scalars.get(TRAINED, []) if s >= first]
 
 
 def steps_reached(curves: dict[str, list]) -> int:

@@ -44,8 +44,8 @@ def test_a_resumed_sitting_wins_from_its_first_step_and_versions_read_in_numeric
     assert curves["sync/seconds"] == [[6, 0.5], [7, 0.25]]  # a step logged twice in a sitting: its later value
     assert "hp_metric" not in curves
     assert sittings == [
-        {"version": 9, "first_step": 0, "last_step": 9, "resumed_from_step": None},
-        {"version": 10, "first_step": 6, "last_step": 12, "resumed_from_step": 6},
+        {"version": 9, "first_step": 0, "last_step": 9, "resumed_from_step": None, "step_seconds_median": None},
+        {"version": 10, "first_step": 6, "last_step": 12, "resumed_from_step": 6, "step_seconds_median": None},
     ]
 
 
@@ -55,12 +55,13 @@ def test_a_sitting_starts_at_its_first_trained_batch_and_steps_count_optimizer_s
     # axis), and trained batches 10-14
     first = {"perf/step_seconds": [[s, 1.0] for s in range(12)], "health/skipped_batches": [[11, 2.0]]}
     later = {
-        "perf/step_seconds": [[s, 1.0] for s in range(10, 15)],
+        "perf/step_seconds": [[s, 4.0] for s in range(10, 15)],  # on a slower machine
         "health/skipped_batches": [[14, 2.0]],
         "val/accuracy": [[8, 0.5], [12, 0.6]],
     }
     curves, sittings = run_curves.stitch([(0, {**first, "val/accuracy": [[0, 0.1]]}), (1, later)])
     assert sittings[1]["first_step"] == 10 and [s for s, _ in curves["perf/step_seconds"]] == list(range(15))
+    assert [st["step_seconds_median"] for st in sittings] == [1.0, 4.0]
     # the point at 8 falls before the sitting's first batch and is left out; the one at 12 stays, 2 batches early
     assert curves["val/accuracy"] == [[0, 0.1], [12, 0.6]]
     assert run_curves.steps_reached(curves) == 13  # 15 batches, 2 skipped
@@ -199,3 +200,16 @@ def test_a_row_not_run_yet_is_named_not_failed(tmp_path: Path) -> None:
     assert "lora" not in [r["name"] for r in res["rows"]] and res["settings"]["not_run"] == ["lora"]
     assert lrr.LongRealRun._instance.describe(res).endswith("Not run yet: lora.")
     assert not any("failed" in line for line in lrr.LongRealRun._instance.section(res))
+
+
+def test_a_row_whose_logs_are_gone_keeps_the_recorded_row(tmp_path: Path) -> None:
+    lrr.write_example_logs(tmp_path / "runs")
+    argv = ["--report-only", "--work-dir", str(tmp_path / "runs"), "--rss-before-model-mb", "500"]
+    argv += ["--out", str(tmp_path / "r.json")]
+    first = harness.main(lrr.LongRealRun, argv)
+    shutil.rmtree(tmp_path / "runs" / lrr.run_name(lrr.ROWS["adamw"]))  # another session's workspace held it
+    second = harness.main(lrr.LongRealRun, argv)
+    assert [r["name"] for r in second["rows"]] == list(lrr.ROWS) and second["settings"]["not_run"] == []
+    assert second["settings"]["kept_from_results"] == ["adamw"]
+    assert second["rows"][1] == first["rows"][1] and second["summary"] == first["summary"]
+    assert "earlier report recorded them" in lrr.LongRealRun._instance.describe(second)
