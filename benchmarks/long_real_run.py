@@ -257,7 +257,9 @@ def _accuracy(r: dict) -> str:
 
 def _seconds(r: dict) -> str:
     each = " / ".join(f"{x:.1f}" for st in r["sittings"] if (x := st.get("step_seconds_median")) is not None)
-    return f"{r['step_seconds_median']:.1f} ({each})" if r["step_seconds_median"] is not None else "–"
+    if r["step_seconds_median"] is None:
+        return "–"
+    return f"{r['step_seconds_median']:.1f}" + (f" ({each})" if each else "")
 
 
 def _slopes(r: dict) -> str:
