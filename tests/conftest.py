@@ -7,6 +7,7 @@ Test modules import the helpers as ``from conftest import tiny_run`` (pytest put
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -48,11 +49,37 @@ NUMERICS_MODULES = {
 }
 
 
+# Seconds each test file took (setup and teardown included), written by `make test-durations`. The suite runs
+# the longest files first: `make test` hands whole files to its workers in collection order (`--dist loadfile
+# --no-loadscope-reorder`), and a long vLLM file handed out last is a tail one worker runs alone.
+DURATIONS = Path(__file__).with_name("durations.json")
+_spent: dict[str, float] = {}
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--record-durations", action="store_true", help=f"write each file's seconds to {DURATIONS}")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         module = getattr(item, "module", None)  # None for items that are not Python test functions
         if module is not None and module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: a file keeps its order
+
+
+def pytest_runtest_logreport(report) -> None:
+    file = report.nodeid.split("::")[0]
+    _spent[file] = _spent.get(file, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session) -> None:
+    config = session.config
+    if config.getoption("--record-durations") and not hasattr(config, "workerinput") and _spent:
+        old = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}  # files this run did not run stay
+        new = {**old, **{f: round(s, 1) for f, s in _spent.items()}}
+        DURATIONS.write_text(json.dumps(dict(sorted(new.items())), indent=0) + "\n")
 
 
 @pytest.fixture(scope="session")
