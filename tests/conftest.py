@@ -49,9 +49,8 @@ NUMERICS_MODULES = {
 }
 
 
-# Seconds each test file took (setup and teardown included), written by `make test-durations`. The suite runs
-# the longest files first: `make test` hands whole files to its workers in collection order (`--dist loadfile
-# --no-loadscope-reorder`), and a long vLLM file handed out last is a tail one worker runs alone.
+# Seconds each test file took (setup and teardown included), written by `make test-durations`. `make test` hands
+# whole files to its workers in collection order (`--dist loadfile --no-loadscope-reorder`); see _file_order.
 DURATIONS = Path(__file__).with_name("durations.json")
 _spent: dict[str, float] = {}
 
@@ -65,8 +64,27 @@ def pytest_collection_modifyitems(config, items) -> None:
         module = getattr(item, "module", None)  # None for items that are not Python test functions
         if module is not None and module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
+    items[:] = _file_order(items)
+
+
+def _file_order(items: list) -> list:
+    """The items file by file, longest file first: a long vLLM file handed out last is a tail one worker runs alone.
+
+    While the warmed-up policy is not built (a fresh clone: ~160 s of one core), the longest file that needs it
+    (its tests take ``tiny_policy_path``) goes first, so one worker builds it at once, and the files that do not
+    need it come next, so the other worker runs them instead of waiting on the build's file lock.
+    """
+    from logra_lightning.builtin import is_built
+
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable: a file keeps its order
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(files, key=lambda f: -seconds.get(f, 0.0))
+    needs = [f for f in order if any("tiny_policy_path" in getattr(i, "fixturenames", ()) for i in files[f])]
+    if needs and not is_built("builtin:arithmetic-tiny"):
+        order = [needs[0], *(f for f in order if f not in needs), *needs[1:]]
+    return [item for f in order for item in files[f]]
 
 
 def pytest_runtest_logreport(report) -> None:

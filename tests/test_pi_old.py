@@ -19,6 +19,9 @@ from logra_lightning.data import ArithmeticSource, PromptDataModule
 from logra_lightning.optim import LoGRA
 from logra_lightning.rl.module import PolicyGradientModule
 
+# the policy is the warmed-up builtin:arithmetic-tiny, which the fixture builds once (conftest: the run order)
+pytestmark = pytest.mark.usefixtures("tiny_policy_path")
+
 
 class Record(L.Callback):
     """Each step's engine drift and logged metrics."""

@@ -19,6 +19,9 @@ from logra_lightning.optim import LoGRA
 from logra_lightning.rl.module import PolicyGradientModule
 from logra_lightning.rl.throughput import ModelDims, measure_peak_flops, training_dtype
 
+# the policy is the warmed-up builtin:arithmetic-tiny, which the fixture builds once (conftest: the run order)
+pytestmark = pytest.mark.usefixtures("tiny_policy_path")
+
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])
 @pytest.mark.parametrize("tied", [True, False])

@@ -4,6 +4,6 @@
 :data:`BUILTIN_MODELS` lists the built-ins (:mod:`~logra_lightning.builtin.registry`).
 """
 
-from logra_lightning.builtin.registry import BUILTIN_MODELS, BUILTIN_PREFIX, cache_dir, resolve_model
+from logra_lightning.builtin.registry import BUILTIN_MODELS, BUILTIN_PREFIX, cache_dir, is_built, resolve_model
 
-__all__ = ["BUILTIN_MODELS", "BUILTIN_PREFIX", "cache_dir", "resolve_model"]
+__all__ = ["BUILTIN_MODELS", "BUILTIN_PREFIX", "cache_dir", "is_built", "resolve_model"]

@@ -84,6 +84,25 @@ def _key(cfg: BuiltinConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _target(spec: str) -> Path:
+    """The cache directory of ``builtin:<name>``, built or not."""
+    name = spec[len(BUILTIN_PREFIX) :]
+    if name not in BUILTIN_MODELS:
+        raise ConfigError(f"model={spec!r}: unknown built-in model; choose one of {sorted(BUILTIN_MODELS)}")
+    return cache_dir() / f"{name}-{_key(BUILTIN_MODELS[name])}"
+
+
+def is_built(spec: str) -> bool:
+    """Whether ``builtin:<name>`` is in the cache already, so :func:`resolve_model` returns it without building.
+
+    >>> is_built("builtin:no-such-model")
+    Traceback (most recent call last):
+    ...
+    logra_lightning.errors.ConfigError: model='builtin:no-such-model': unknown built-in model; choose one of [...]
+    """
+    return (_target(spec) / "warmup.json").exists()
+
+
 def resolve_model(spec: str) -> str:
     """Turn a model spec into a path or hub name ``transformers`` can load.
 
@@ -96,11 +115,8 @@ def resolve_model(spec: str) -> str:
     if not spec.startswith(BUILTIN_PREFIX):
         return spec
     name = spec[len(BUILTIN_PREFIX) :]
-    if name not in BUILTIN_MODELS:
-        raise ConfigError(f"model={spec!r}: unknown built-in model; choose one of {sorted(BUILTIN_MODELS)}")
-    cfg = BUILTIN_MODELS[name]
-    target = cache_dir() / f"{name}-{_key(cfg)}"
-    if (target / "warmup.json").exists():
+    cfg, target = BUILTIN_MODELS[name], _target(spec)
+    if is_built(spec):
         return str(target)
     init_dir = resolve_model(BUILTIN_PREFIX + cfg.init_from) if getattr(cfg, "init_from", None) else None
     target.parent.mkdir(parents=True, exist_ok=True)
