@@ -117,6 +117,18 @@ print("PATH", warmup.resolve_model("builtin:lock-test"), flush=True)
 """
 
 
+def test_is_built_follows_the_cache_and_an_unknown_name_is_a_config_error(tmp_path, monkeypatch) -> None:
+    from logra_lightning.errors import ConfigError
+
+    monkeypatch.setenv("LOGRA_CACHE_DIR", str(tmp_path))
+    assert not warmup.is_built("builtin:arithmetic-tiny-raw")
+    path = warmup.resolve_model("builtin:arithmetic-tiny-raw")  # a random init: no warm-up to wait for
+    assert warmup.is_built("builtin:arithmetic-tiny-raw") and Path(path).parent == tmp_path
+    for call in (warmup.is_built, warmup.resolve_model):
+        with pytest.raises(ConfigError, match="unknown built-in model"):
+            call("builtin:no-such-model")
+
+
 def test_parallel_processes_build_a_builtin_policy_once(tmp_path) -> None:
     """Two processes that start on an empty cache: one warms up, the other waits and reuses it.
 

@@ -115,7 +115,8 @@ def resolve_model(spec: str) -> str:
     if not spec.startswith(BUILTIN_PREFIX):
         return spec
     name = spec[len(BUILTIN_PREFIX) :]
-    cfg, target = BUILTIN_MODELS[name], _target(spec)
+    target = _target(spec)  # raises for an unknown name
+    cfg = BUILTIN_MODELS[name]
     if is_built(spec):
         return str(target)
     init_dir = resolve_model(BUILTIN_PREFIX + cfg.init_from) if getattr(cfg, "init_from", None) else None
