@@ -45,11 +45,12 @@ def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], li
         scalars = {t: pts for t, pts in scalars.items() if pts and t != "hp_metric"}  # hp_metric: step 0 every sitting
         steps = [int(s) for pts in scalars.values() for s, _ in pts]
         if not steps:
-            sittings.append({"version": version, "first_step": None, "last_step": None, "resumed_from_step": None})
-            sittings[-1]["step_seconds_median"] = None
+            none = dict.fromkeys(("first_step", "last_step", "resumed_from_step", "step_seconds_median"))
+            sittings.append({"version": version, **none})
             continue
         trained = [int(s) for s, _ in scalars.get(TRAINED, [])]
         first, resumed = min(trained or steps), any(s["first_step"] is not None for s in sittings)
+        seconds = [v for s, v in scalars.get(TRAINED, []) if s >= first]  # this sitting's, whatever its machine
         for tag in {*curves, *scalars}:
             own = {int(s): v for s, v in scalars.get(tag, []) if s >= first}
             curves[tag] = [p for p in curves.get(tag, []) if p[0] < first] + [[s, v] for s, v in sorted(own.items())]
@@ -59,16 +60,10 @@ def stitch(logs: list[tuple[int, dict[str, list]]]) -> tuple[dict[str, list], li
                 "first_step": first,
                 "last_step": max(steps),
                 "resumed_from_step": first if resumed else None,
-                # sittings of one run may run on different machines (an AMX Xeon's bf16 step is ~4x another's)
-                "step_seconds_median": statistics.median(secs) if (secs := own_seconds(scalars, first)) else None,
+                "step_seconds_median": statistics.median(seconds) if seconds else None,
             }
         )
     return {t: c for t, c in curves.items() if c}, sittings
-
-
-def own_seconds(scalars: dict[str, list], first: int) -> list[float]:
-    """A sitting's seconds per batch from its first step on."""
-    return [v for s, v in scalars.get(TRAINED, []) if s >= first]
 
 
 def steps_reached(curves: dict[str, list]) -> int:
