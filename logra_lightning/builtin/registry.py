@@ -114,10 +114,9 @@ def resolve_model(spec: str) -> str:
     """
     if not spec.startswith(BUILTIN_PREFIX):
         return spec
-    name = spec[len(BUILTIN_PREFIX) :]
     target = _target(spec)  # raises for an unknown name
-    cfg = BUILTIN_MODELS[name]
-    if is_built(spec):
+    cfg = BUILTIN_MODELS[spec[len(BUILTIN_PREFIX) :]]
+    if (target / "warmup.json").exists():  # what is_built checks, on the path computed once
         return str(target)
     init_dir = resolve_model(BUILTIN_PREFIX + cfg.init_from) if getattr(cfg, "init_from", None) else None
     target.parent.mkdir(parents=True, exist_ok=True)
