@@ -2,7 +2,8 @@
 
 A helper of ``tests/test_ddp.py`` and ``tests/test_multinode.py``, run as a script because
 Lightning's ``ddp`` and ``ModelParallelStrategy`` start the other processes by re-running
-``sys.argv`` (and a multi-node run is two processes the test launches itself).
+``sys.argv`` (and a multi-node run is two processes the test launches itself). The one-process
+reference runs call :func:`main` with an argument list in the test's own process.
 
 Every optimizer step takes one fixed global batch of ``BATCH`` sequences; rank ``r`` of ``W``
 trains on rows ``[r*BATCH/W, (r+1)*BATCH/W)``, split into ``--accumulate`` micro-batches. So
@@ -145,7 +146,8 @@ class WriteWeights(Callback):
         (Path(self.out) / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Fit as the command line (``argv``, or ``sys.argv[1:]``) says; each rank writes its weights to ``--out``."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--strategy", default="auto")
     ap.add_argument("--devices", type=int, default=1)
@@ -157,7 +159,7 @@ def main() -> None:
     ap.add_argument("--clip-algorithm", default="norm")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     strategy = args.strategy
     if strategy == "fsdp":

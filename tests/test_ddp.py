@@ -44,6 +44,15 @@ def run(out: Path, *args: str, env: dict[str, str] | None = None) -> list[tuple[
     return read(out)
 
 
+def run_here(out: Path, *args: str) -> list[tuple[dict, dict]]:
+    """The script's one-process run, in this process (no interpreter to start): ``[(params, record)]``."""
+    import lightning_strategies
+
+    out.mkdir(parents=True)
+    lightning_strategies.main([*args, "--out", str(out)])
+    return read(out)
+
+
 def read(out: Path) -> list[tuple[dict, dict]]:
     ranks = sorted(out.glob("rank*.pt"))
     return [
@@ -67,7 +76,7 @@ def max_diff(a: dict, b: dict) -> float:
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> dict:
     """One process on the whole batch (the reference); the matrices must have moved."""
-    ((params, _),) = run(tmp_path_factory.mktemp("single") / "out")
+    ((params, _),) = run_here(tmp_path_factory.mktemp("single") / "out")
     return params
 
 
@@ -95,7 +104,7 @@ def test_plain_ddp_is_correct_without_the_saving(tmp_path, single):
 @pytest.mark.slow
 def test_logra_ddp_spawn_manual_optimization(tmp_path):
     """``ddp_spawn`` and manual optimization (``manual_backward``, the user's own clipping call)."""
-    ((ref, ref_record),) = run(tmp_path / "one", "--manual", "--clip", "0.5")
+    ((ref, ref_record),) = run_here(tmp_path / "one", "--manual", "--clip", "0.5")
     ranks = run(tmp_path / "two", "--strategy", "logra_ddp_spawn", "--devices", "2", "--manual", "--clip", "0.5")
     assert_identical(ranks)
     assert max_diff(ranks[0][0], ref) <= 1e-5

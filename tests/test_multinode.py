@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from test_ddp import ROOT, SCRIPT, TIMEOUT, assert_identical, max_diff, read, run
+from test_ddp import ROOT, SCRIPT, TIMEOUT, assert_identical, max_diff, read, run_here
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed")
 
@@ -61,7 +61,7 @@ def two_nodes(out: Path, *args: str) -> list[tuple[dict, dict]]:
 
 
 def test_two_nodes_ddp_equals_one_process(tmp_path):
-    ((single, _),) = run(tmp_path / "single")
+    ((single, _),) = run_here(tmp_path / "single")
     ranks = two_nodes(tmp_path / "nodes", "--strategy", "logra_ddp")
     assert [r["rank"] for _, r in ranks] == [0, 1] and ranks[0][1]["world"] == 2
     assert_identical(ranks)
@@ -70,7 +70,7 @@ def test_two_nodes_ddp_equals_one_process(tmp_path):
 
 
 def test_two_nodes_fsdp2_with_clipping_equals_one_process(tmp_path):
-    ((single, _),) = run(tmp_path / "single", "--clip", "0.5")
+    ((single, _),) = run_here(tmp_path / "single", "--clip", "0.5")
     ranks = two_nodes(tmp_path / "nodes", "--strategy", "fsdp", "--clip", "0.5")
     assert ranks[0][1]["world"] == 2
     assert ranks[0][1]["modes"]["local"] == 4  # row-sharded: FSDP2 reduce-scatters, LoGRA reduces nothing itself

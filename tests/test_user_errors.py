@@ -429,7 +429,6 @@ CONSOLE_CASES = [
         ["fit", "--config", CONFIG, "--model.model", "/no/such/model"],
         "logra: error: model.model='/no/such/model': no such",
     ),
-    (["fit", "--config", CONFIG, "--ckpt_path", __file__], "not a PyTorch checkpoint"),
     (
         ["export", "--ckpt_path", "/no/such.ckpt", "--out", "/nonexistent-dir/x"],
         "logra: error: --ckpt_path /no/such.ckpt: no such",
@@ -437,19 +436,22 @@ CONSOLE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("args, match", CONSOLE_CASES, ids=["config", "model", "export"])
+def test_each_kind_of_mistake_is_one_line(args, match, capsys):
+    assert match in console(args, capsys)
+
+
 def test_console_prints_one_line_and_exits_2(tmp_path):
-    """Each mistake as the console meets it: exit status 2, one ``logra: error:`` line, no traceback. The last
-    command is not offline, but the hub is unreachable (a closed local port) and the cache empty: nothing is
-    downloaded."""
+    """Mistakes as the console meets them, in real processes: exit status 2, one ``logra: error:`` line, no
+    traceback. The first fails inside ``fit`` (a checkpoint that is not one); the second is not offline, but the hub
+    is unreachable (a closed local port) and the cache empty: nothing is downloaded."""
     hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
     hub_args = ["fit", "--config", CONFIG, "--model.model", "Qwen/Qwen2.5-0.5B-Instruct"]
-    *cases, hub_proc = _logra_at_once([(args, {}) for args, _ in CONSOLE_CASES] + [(hub_args, hub)])
-    for proc, (_, match) in zip(cases, CONSOLE_CASES):
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
-        lines = [line for line in proc.stderr.splitlines() if line.startswith("logra: error:")]
-        assert len(lines) == 1 and match in lines[0], proc.stderr[-2000:]
-    assert hub_proc.returncode == 2 and "Traceback" not in hub_proc.stderr, hub_proc.stderr[-2000:]
+    ckpt_proc, hub_proc = _logra_at_once([(["fit", "--config", CONFIG, "--ckpt_path", __file__], {}), (hub_args, hub)])
+    for proc in (ckpt_proc, hub_proc):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in ckpt_proc.stderr.splitlines() if line.startswith("logra: error:")]
+    assert len(lines) == 1 and "not a PyTorch checkpoint" in lines[0], ckpt_proc.stderr[-2000:]
     line = next(line for line in hub_proc.stderr.splitlines() if line.startswith("logra: error:"))
     assert "the hub cannot be reached" in line and "hf download Qwen/Qwen2.5-0.5B-Instruct" in line, line
     assert not list((tmp_path / "hf").glob("**/*.safetensors"))
