@@ -443,8 +443,8 @@ def test_each_kind_of_mistake_is_one_line(args, match, capsys):
 
 def test_console_prints_one_line_and_exits_2(tmp_path):
     """Mistakes as the console meets them, in real processes: exit status 2, one ``logra: error:`` line, no
-    traceback. The first fails inside ``fit`` (a checkpoint that is not one); the second is not offline, but the hub
-    is unreachable (a closed local port) and the cache empty: nothing is downloaded."""
+    traceback. The first passes a file that is not a checkpoint as ``--ckpt_path``; the second is not offline, but the
+    hub is unreachable (a closed local port) and the cache empty: nothing is downloaded."""
     hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
     hub_args = ["fit", "--config", CONFIG, "--model.model", "Qwen/Qwen2.5-0.5B-Instruct"]
     ckpt_proc, hub_proc = _logra_at_once([(["fit", "--config", CONFIG, "--ckpt_path", __file__], {}), (hub_args, hub)])
