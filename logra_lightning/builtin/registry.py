@@ -92,6 +92,11 @@ def _target(spec: str) -> Path:
     return cache_dir() / f"{name}-{_key(BUILTIN_MODELS[name])}"
 
 
+def _complete(target: Path) -> bool:
+    """Whether the cache directory ``target`` holds a finished build (its warm-up writes ``warmup.json`` last)."""
+    return (target / "warmup.json").exists()
+
+
 def is_built(spec: str) -> bool:
     """Whether ``builtin:<name>`` is in the cache already, so :func:`resolve_model` returns it without building.
 
@@ -100,7 +105,7 @@ def is_built(spec: str) -> bool:
     ...
     logra_lightning.errors.ConfigError: model='builtin:no-such-model': unknown built-in model; choose one of [...]
     """
-    return (_target(spec) / "warmup.json").exists()
+    return _complete(_target(spec))
 
 
 def resolve_model(spec: str) -> str:
@@ -116,7 +121,7 @@ def resolve_model(spec: str) -> str:
         return spec
     target = _target(spec)  # raises for an unknown name
     cfg = BUILTIN_MODELS[spec[len(BUILTIN_PREFIX) :]]
-    if (target / "warmup.json").exists():  # what is_built checks, on the path computed once
+    if _complete(target):
         return str(target)
     init_dir = resolve_model(BUILTIN_PREFIX + cfg.init_from) if getattr(cfg, "init_from", None) else None
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -131,7 +136,7 @@ def resolve_model(spec: str) -> str:
         )
         lock.acquire()
     try:
-        if (target / "warmup.json").exists():
+        if _complete(target):  # built by another process since the check above
             return str(target)
         for stale in target.parent.glob(target.name + ".tmp*"):  # left by a killed build (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
