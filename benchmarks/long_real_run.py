@@ -12,7 +12,9 @@ Rows (:data:`ROWS`): ``logra`` (``configs/smollm2_long.yaml``, 1,100 steps), ``a
 counterparts, 300), ``logra_seed1`` (the LoGRA config with ``--seed_everything 1``, logged as
 ``smollm2_long_seed1``, 300), ``logra_seed1_cut0`` (the same with ``--model.truncated_reward 0``: a completion cut
 at the length limit scores 0, ``smollm2_long_seed1_cut0``, 300), ``logra_cut0`` (seed 0 with it,
-``smollm2_long_cut0``, 1,100: the LoGRA run again, with the kernel caches bounded from step 0). A row short of
+``smollm2_long_cut0``, 1,100: the LoGRA run again, with the kernel caches bounded from step 0; its logs and
+checkpoints went with a workspace at step 800, so the row is what the results file recorded), ``logra_cut0_run3``
+(the same run started again from step 0, ``smollm2_long_cut0_run3``, 1,100). A row short of
 its steps runs ``logra fit --config C --trainer.max_steps N`` (with ``--ckpt_path last`` when its run has a
 checkpoint) in a subprocess that logs to ``<work-dir>/<run>/fit_*.log``; the runs write where the configs do
 (``runs/<run>/version_N``), not to the benchmark cache. Each sitting is a new ``version_N``:
@@ -39,7 +41,9 @@ Definitions:
 3. Training memory, as ``benchmarks/trl_grpo.py`` defines it: the trainer's peak RSS during training minus its
    RSS after imports, before the model is built. A step's peak is its phases' largest ``memory/<phase>/peak_gb``
    (``MemoryMonitor`` resets the kernel's high-water mark at each phase); the RSS before the model is measured
-   once in a fresh process that imports what ``logra fit`` has imported by then (:func:`rss_before_model`).
+   once in a fresh process that imports what ``logra fit`` has imported by then (:func:`rss_before_model`), on
+   the machine that reads the row's logs, and kept in the row: rows run on different machines (559 MB on an AMD
+   EPYC, 528 on a Xeon) are each measured from their own.
 4. The accuracy checks compare evaluations after RL began (step > 0) at the steps both runs logged; the gain
    is the last evaluation minus the one at step 0, not measured before an evaluation after step 0.
 5. ``logra_steps`` compares with the issue's 1,100, whatever ``--steps`` asked of this sitting.
@@ -90,6 +94,7 @@ ROWS = {
         "smollm2_long.yaml", 300, ("--seed_everything", "1", "--model.truncated_reward", "0"), "smollm2_long_seed1_cut0"
     ),
     "logra_cut0": Run("smollm2_long.yaml", 1100, ("--model.truncated_reward", "0"), "smollm2_long_cut0"),
+    "logra_cut0_run3": Run("smollm2_long.yaml", 1100, ("--model.truncated_reward", "0"), "smollm2_long_cut0_run3"),
 }
 TRAINER_RSS, ENGINE_RSS, DRIFT = "memory/forward_backward/current_gb", "memory/engine_rss_gb", "sync/weight_drift_max"
 WARMUP_STEPS = 50  # a sitting's first steps, left out of the RSS slopes (module docstring: definition 2)
@@ -151,6 +156,7 @@ def row_metrics(
         "weight_drift_max": max((v for _, v in drift), default=None),
         "weight_drift_steps": len(drift),
         "step_seconds_median": statistics.median(v for _, v in curves["perf/step_seconds"]) if reached else None,
+        "rss_before_model_bytes": baseline,
         "training_memory_bytes": round(max(peaks.values()) * 1e9 - baseline)
         if peaks and baseline is not None
         else None,
@@ -176,8 +182,9 @@ def done_when(rows: dict[str, dict], s: dict) -> list[dict]:
     common = sorted(acc[0].keys() & acc[1].keys())
     bests = [max(a[x] for x in common) for a in acc] if common else None
     gain = lo.get("accuracy_gain")
-    base, mem = s.get("rss_before_model_bytes"), [dict(r.get("series", {}).get(STEP_PEAK, [])) for r in (lo, ad)]
-    shared = sorted(mem[0].keys() & mem[1].keys()) if base is not None else []
+    mem = [dict(r.get("series", {}).get(STEP_PEAK, [])) for r in (lo, ad)]
+    base = [r.get("rss_before_model_bytes", s.get("rss_before_model_bytes")) for r in (lo, ad)]  # each row's own
+    shared = sorted(mem[0].keys() & mem[1].keys()) if None not in base else []
     slope = f"RSS slope over the second half of the steps (each sitting's first {WARMUP_STEPS} out), MB / 100 steps"
     found = {  # name: (what LoGRA's run gives, its value)
         "logra_steps": ("steps reached", lo.get("steps_reached")),
@@ -203,7 +210,7 @@ def done_when(rows: dict[str, dict], s: dict) -> list[dict]:
         "logra_gain": ("last held-out accuracy - the base model's (step 0), points", gain and 100 * gain),
         "memory_vs_adamw": (
             f"max of training memory / AdamW's over the {len(shared)} steps both logged",
-            max(((mem[0][x] * 1e9 - base) / (mem[1][x] * 1e9 - base) for x in shared), default=None),
+            max(((mem[0][x] * 1e9 - base[0]) / (mem[1][x] * 1e9 - base[1]) for x in shared), default=None),
         ),
     }
     return [check(name, what, value, *s["targets"][name]) for name, (what, value) in found.items()]
@@ -329,7 +336,12 @@ class LongRealRun(Benchmark):
         # A row whose logs are not on this machine (a workspace does not outlive its sessions) keeps the row the
         # results file holds, so recording one row's sitting does not drop the others.
         out = out_path(self, args)
-        before = {r["name"]: r for r in (load(out.stem, out.parent) or {}).get("rows", [])}
+        recorded = load(out.stem, out.parent) or {}
+        before = {r["name"]: r for r in recorded.get("rows", [])}
+        file_base = recorded.get("settings", {}).get("rss_before_model_bytes")
+        for r in before.values():  # rows recorded before the baseline was kept per row: the file's own
+            if r["metrics"]:
+                r["metrics"].setdefault("rss_before_model_bytes", file_base)
         rows, settings["kept_from_results"], settings["not_run"] = [], [], []
         for name in args.rows:
             got = self.row(name, settings, work)

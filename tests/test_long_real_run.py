@@ -150,6 +150,19 @@ def test_checks_against_adamw_compare_common_evaluations_and_memory_per_step() -
     assert checks["memory_vs_adamw"]["value"] == pytest.approx(0.64) and checks["memory_vs_adamw"]["status"] == "fail"
 
 
+def test_memory_against_adamw_takes_each_rows_own_baseline() -> None:
+    """Rows read on different machines keep their own RSS before the model; the settings' is the fallback."""
+    adamw = _logra_metrics()
+    adamw["series"] = {lrr.STEP_PEAK: [[0, 3.5], [1, 3.0]]}
+    adamw["rss_before_model_bytes"] = int(1.0e9)  # read where the baseline is 1 GB; LoGRA's row has none: 0.5 GB
+    rows = {"logra": _logra_metrics(), "adamw": adamw}
+    checks = {
+        c["check"]: c for c in lrr.done_when(rows, {"targets": lrr.TARGETS, "rss_before_model_bytes": int(0.5e9)})
+    }
+    # step 0: (2.0 - 0.5) / (3.5 - 1.0) = 0.6, step 1: (2.1 - 0.5) / (3.0 - 1.0) = 0.8
+    assert checks["memory_vs_adamw"]["value"] == pytest.approx(0.8)
+
+
 def test_best_against_adamw_waits_for_an_evaluation_after_step_0() -> None:
     adamw = _logra_metrics(accuracy_best=0.05)
     adamw["series"] = {"val/accuracy": [[0, 0.05]]}  # AdamW's run has only its base evaluation yet
@@ -213,3 +226,11 @@ def test_a_row_whose_logs_are_gone_keeps_the_recorded_row(tmp_path: Path) -> Non
     assert second["settings"]["kept_from_results"] == ["adamw"]
     assert second["rows"][1] == first["rows"][1] and second["summary"] == first["summary"]
     assert "earlier report recorded them" in lrr.LongRealRun._instance.describe(second)
+    # read on a machine with another baseline, the kept row keeps its own; a file written before rows kept theirs
+    # gives them its settings' (the one they were computed with)
+    recorded = json.loads((tmp_path / "r.json").read_text())
+    for r in recorded["rows"]:
+        del r["metrics"]["rss_before_model_bytes"]
+    (tmp_path / "r.json").write_text(json.dumps(recorded))
+    third = harness.main(lrr.LongRealRun, [*argv, "--rss-before-model-mb", "600"])  # the last flag wins
+    assert [r["metrics"]["rss_before_model_bytes"] for r in third["rows"][:3]] == [600e6, 500e6, 600e6]
