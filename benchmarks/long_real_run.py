@@ -12,9 +12,8 @@ Rows (:data:`ROWS`): ``logra`` (``configs/smollm2_long.yaml``, 1,100 steps), ``a
 counterparts, 300), ``logra_seed1`` (the LoGRA config with ``--seed_everything 1``, logged as
 ``smollm2_long_seed1``, 300), ``logra_seed1_cut0`` (the same with ``--model.truncated_reward 0``: a completion cut
 at the length limit scores 0, ``smollm2_long_seed1_cut0``, 300), ``logra_cut0`` (seed 0 with it,
-``smollm2_long_cut0``, 1,100: the LoGRA run again, with the kernel caches bounded from step 0; its logs and
-checkpoints went with a workspace at step 800, so the row is what the results file recorded), ``logra_cut0_run3``
-(the same run started again from step 0, ``smollm2_long_cut0_run3``, 1,100). A row short of
+``smollm2_long_cut0``, 1,100: the LoGRA run again, with the kernel caches bounded from step 0), ``logra_cut0_run3``
+(the same run under its own name, ``smollm2_long_cut0_run3``, 1,100: ``logra_cut0``'s logs are gone). A row short of
 its steps runs ``logra fit --config C --trainer.max_steps N`` (with ``--ckpt_path last`` when its run has a
 checkpoint) in a subprocess that logs to ``<work-dir>/<run>/fit_*.log``; the runs write where the configs do
 (``runs/<run>/version_N``), not to the benchmark cache. Each sitting is a new ``version_N``:
@@ -42,8 +41,8 @@ Definitions:
    RSS after imports, before the model is built. A step's peak is its phases' largest ``memory/<phase>/peak_gb``
    (``MemoryMonitor`` resets the kernel's high-water mark at each phase); the RSS before the model is measured
    once in a fresh process that imports what ``logra fit`` has imported by then (:func:`rss_before_model`), on
-   the machine that reads the row's logs, and kept in the row: rows run on different machines (559 MB on an AMD
-   EPYC, 528 on a Xeon) are each measured from their own.
+   the machine that reads the row's logs, and kept in the row (``rss_before_model_bytes``): it differs by
+   machine, and rows kept from the results file may come from another.
 4. The accuracy checks compare evaluations after RL began (step > 0) at the steps both runs logged; the gain
    is the last evaluation minus the one at step 0, not measured before an evaluation after step 0.
 5. ``logra_steps`` compares with the issue's 1,100, whatever ``--steps`` asked of this sitting.
@@ -336,12 +335,7 @@ class LongRealRun(Benchmark):
         # A row whose logs are not on this machine (a workspace does not outlive its sessions) keeps the row the
         # results file holds, so recording one row's sitting does not drop the others.
         out = out_path(self, args)
-        recorded = load(out.stem, out.parent) or {}
-        before = {r["name"]: r for r in recorded.get("rows", [])}
-        file_base = recorded.get("settings", {}).get("rss_before_model_bytes")
-        for r in before.values():  # rows recorded before the baseline was kept per row: the file's own
-            if r["metrics"]:
-                r["metrics"].setdefault("rss_before_model_bytes", file_base)
+        before = {r["name"]: r for r in (load(out.stem, out.parent) or {}).get("rows", [])}
         rows, settings["kept_from_results"], settings["not_run"] = [], [], []
         for name in args.rows:
             got = self.row(name, settings, work)
